@@ -1,0 +1,59 @@
+"""Side-by-side benchmark helpers: run a workload in the peer venv and here, print both and the ratio.
+
+Every benchmark module exposes `main()`; `python -m benchmarks.run` runs them all. Results are printed
+as a table and written to `benchmarks/results/<name>.json` so the README table can be regenerated.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import sys
+import time
+from typing import Callable
+
+_ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(_ROOT / "tests"))
+
+import peer_testlib  # noqa: E402
+
+RESULTS_DIR = _ROOT / "benchmarks" / "results"
+
+
+def peer() -> peer_testlib.Peer | None:
+    """The peer venv interpreter (RL_DATA_PEER_PYTHON), or None with a note on stderr."""
+    python = peer_testlib.peer_python()
+    if python is None:
+        print(f"[bench] no peer venv: set {peer_testlib.ENV_VAR} (bash .ci/make_peer_venv.sh)", file=sys.stderr)
+        return None
+    return peer_testlib.Peer(python)
+
+
+def best_rate(fn: Callable[[], int], *, repeats: int = 3, min_seconds: float = 0.5) -> float:
+    """Best items/s over `repeats` runs of `fn`, which returns how many items it processed."""
+    best = 0.0
+    for _ in range(repeats):
+        count, start = 0, time.perf_counter()
+        while True:
+            count += fn()
+            elapsed = time.perf_counter() - start
+            if elapsed >= min_seconds:
+                break
+        best = max(best, count / elapsed)
+    return best
+
+
+def report(suite: str, rows: list[dict]) -> None:
+    """Prints rows of {workload, ours, peer, peer_name, unit} with ratio and stores them as JSON."""
+    print(f"\n== {suite} ==")
+    print(f"{'workload':58s} {'ours':>12s} {'peer':>12s} {'ratio':>7s}  peer")
+    for row in rows:
+        ours, theirs = row.get("ours"), row.get("peer")
+        ratio = (ours / theirs) if ours and theirs else None
+        row["ratio"] = ratio
+        fmt = lambda v: f"{v:12.4g}" if isinstance(v, (int, float)) else f"{'n/a':>12s}"  # noqa: E731
+        print(f"{row['workload'][:58]:58s} {fmt(ours)} {fmt(theirs)} "
+              f"{(f'{ratio:6.2f}x' if ratio else '    n/a')}  {row.get('peer_name', '')} ({row.get('unit', '')})")
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    meta = {"suite": suite, "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "cpus": os.cpu_count(), "rows": rows}
+    (RESULTS_DIR / f"{suite}.json").write_text(json.dumps(meta, indent=1))

@@ -1,0 +1,1 @@
+"""rlds_tf: RLDS episodes, recording, transformations and patterns on current TensorFlow."""

@@ -1,0 +1,15 @@
+"""Shared pytest configuration: makes the `*_testlib` helpers importable and exposes the peer fixture."""
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+import peer_testlib  # noqa: E402  (needs the path above)
+
+
+@pytest.fixture(scope="session")
+def peer():
+    """A `peer_testlib.Peer` that runs snippets in the peer venv; skips (or fails under CI) without one."""
+    return peer_testlib.get_peer_or_skip()

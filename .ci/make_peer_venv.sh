@@ -2,9 +2,9 @@
 # Builds (once, then reuses) the peer venv: the last releases of the stack rl-data-tf replaces, pinned to
 # versions that install and import together on Python 3.11: TF 2.15.1, dm-reverb 0.14.0, rlds 0.1.8,
 # tf-agents 0.19.0, envlogger 1.2, TFDS 4.9.4. Used only by differential/interop tests and benchmarks.
-# usage: .ci/make_peer_venv.sh [DIR]   (default ~/.cache/rl-data-tf/peer-venv); prints DIR/bin/python.
+# usage: .ci/make_peer_venv.sh [DIR]   (default ~/.cache/rl-data-peers); prints DIR/bin/python.
 set -euo pipefail
-dir="${1:-${RL_DATA_PEER_VENV:-$HOME/.cache/rl-data-tf/peer-venv}}"
+dir="${1:-${RL_DATA_PEER_VENV:-$HOME/.cache/rl-data-peers}}"
 py="${PEER_PYTHON:-}"
 if [ -z "$py" ]; then
   for cand in python3.11 "$HOME/.pyenv/versions/3.11.7/bin/python3" python3; do

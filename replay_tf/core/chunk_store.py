@@ -1,0 +1,215 @@
+"""Chunks, items and flat trajectories: Reverb's data model, as plain Python objects.
+
+A *chunk* holds consecutive steps of one episode for one or more columns: `tensors[i]` is a numpy array of
+shape `[num_rows, *element_shape]`. It is keyed by a uint64 and carries its `SequenceRange` (episode id and
+inclusive step range). An *item* refers to chunk data through a `FlatTrajectory`: one `Column` per
+flattened leaf, each the concatenation along dim 0 of `ChunkSlice(chunk_key, offset, length, index)`
+(`tensors[index][offset:offset + length]`), squeezed (leading dim removed) when `squeeze` is set.
+
+Chunks are shared between items and tables and freed when nothing refers to them: items hold strong
+references to their chunks (Python reference counting plays the role of Reverb's `shared_ptr`), and
+`ChunkStore` only holds weak references, so that chunks sent twice (two streams, two tables) are stored once.
+"""
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Callable, Iterable, NamedTuple, Sequence
+
+import numpy as np
+
+
+class SequenceRange(NamedTuple):
+    """Episode id and inclusive `[start, end]` step indices of the rows of a chunk."""
+    episode_id: int
+    start: int
+    end: int
+    sparse: bool = False
+
+
+class ChunkSlice(NamedTuple):
+    """Rows `[offset, offset + length)` of tensor `index` of chunk `chunk_key`."""
+    chunk_key: int
+    offset: int
+    length: int
+    index: int = 0
+
+
+class Column(NamedTuple):
+    """One column of a flat trajectory: slices concatenated along dim 0, squeezed if `squeeze`."""
+    slices: tuple
+    squeeze: bool = False
+
+
+# A flat trajectory is a tuple of `Column`s, one per flattened leaf of the item's structure.
+FlatTrajectory = tuple
+
+
+class Chunk:
+    """Column tensors of consecutive steps of one episode, keyed by a uint64.
+
+    `tensors` are numpy arrays with the steps on dim 0. A chunk built by an in-process writer may still be
+    *open*: rows are appended (never rewritten) and `sequence_range.end` grows; items only ever refer to
+    rows that were written before they were created. The wire layer may build a chunk from its encoded form
+    (`encoded`, e.g. `ChunkData` proto bytes, plus a `decoder`), decoded on first access of `tensors`; it
+    may also cache the encoded form of a decoded chunk in `encoded` to send it again without re-encoding.
+    """
+
+    __slots__ = ("key", "sequence_range", "delta_encoded", "encoded", "_tensors", "_decoder", "__weakref__")
+
+    def __init__(self, key: int, tensors: Sequence[np.ndarray] | None, sequence_range: SequenceRange, *,
+                 delta_encoded: bool = False, encoded=None,
+                 decoder: Callable[[object], list] | None = None):
+        if tensors is None and (encoded is None or decoder is None):
+            raise ValueError(f"chunk {key}: give either tensors or both encoded and decoder")
+        self.key = int(key)
+        self.sequence_range = sequence_range
+        self.delta_encoded = delta_encoded
+        self.encoded = encoded
+        self._tensors = list(tensors) if tensors is not None else None
+        self._decoder = decoder
+
+    @property
+    def tensors(self) -> list:
+        """The column tensors (decoded from `encoded` on first access)."""
+        if self._tensors is None:
+            self._tensors = list(self._decoder(self.encoded))
+        return self._tensors
+
+    @tensors.setter
+    def tensors(self, value: list) -> None:
+        self._tensors = value
+
+    @property
+    def num_rows(self) -> int:
+        return self.sequence_range.end - self.sequence_range.start + 1
+
+    @property
+    def episode_id(self) -> int:
+        return self.sequence_range.episode_id
+
+    def nbytes(self) -> int:
+        """Bytes held by the decoded rows (0 while only the encoded form is held)."""
+        if self._tensors is None:
+            return 0
+        rows = self.num_rows
+        return sum(t[:rows].nbytes for t in self._tensors)
+
+    def __repr__(self) -> str:
+        return f"Chunk(key={self.key}, sequence_range={tuple(self.sequence_range)}, columns={len(self.tensors)})"
+
+
+class ChunkStore:
+    """Deduplicates chunks by key without owning them (weak references; items own their chunks)."""
+
+    def __init__(self):
+        self._chunks: weakref.WeakValueDictionary[int, Chunk] = weakref.WeakValueDictionary()
+        self._lock = threading.Lock()
+
+    def insert(self, chunk: Chunk) -> Chunk:
+        """Returns the stored chunk with `chunk.key` (the first one inserted wins)."""
+        with self._lock:
+            existing = self._chunks.get(chunk.key)
+            if existing is not None:
+                return existing
+            self._chunks[chunk.key] = chunk
+            return chunk
+
+    def get(self, keys: Iterable[int]) -> list:
+        """The live chunks for `keys`; KeyError naming the first missing key."""
+        with self._lock:
+            out = []
+            for key in keys:
+                chunk = self._chunks.get(key)
+                if chunk is None:
+                    raise KeyError(f"Could not find sequence chunk {key}.")
+                out.append(chunk)
+            return out
+
+    def __len__(self) -> int:
+        return len(self._chunks)
+
+    def total_bytes(self) -> int:
+        """Decoded bytes of every live chunk."""
+        with self._lock:
+            chunks = list(self._chunks.values())
+        return sum(c.nbytes() for c in chunks)
+
+
+class Item:
+    """A table item: key, priority, sampling count, trajectory and the chunks it keeps alive.
+
+    `chunks` maps every chunk key used by `trajectory` to its `Chunk`. `_columns` caches, per column,
+    `(((chunk, index, start, stop), ...), squeeze)` so that unpacking does no dictionary look-ups.
+    """
+
+    __slots__ = ("key", "priority", "times_sampled", "inserted_at", "trajectory", "chunks", "_columns",
+                 "_episode_ids", "__weakref__")
+
+    def __init__(self, key: int, priority: float, trajectory: FlatTrajectory, chunks: Iterable[Chunk], *,
+                 times_sampled: int = 0, inserted_at: int = 0):
+        self.key = int(key)
+        self.priority = float(priority)
+        self.times_sampled = int(times_sampled)
+        self.inserted_at = inserted_at
+        self.trajectory = tuple(Column(tuple(ChunkSlice(*s) for s in c.slices), bool(c.squeeze))
+                                for c in trajectory)
+        self.chunks = {c.key: c for c in chunks}
+        self._validate()
+        self._columns = tuple(
+            (tuple((self.chunks[s.chunk_key], s.index, s.offset, s.offset + s.length) for s in column.slices),
+             column.squeeze)
+            for column in self.trajectory)
+        self._episode_ids = frozenset(c.sequence_range.episode_id for c in self.chunks.values())
+
+    def _validate(self) -> None:
+        if not self.trajectory:
+            raise ValueError(f"item {self.key}: the trajectory must not be empty")
+        used = set()
+        for i, column in enumerate(self.trajectory):
+            if not column.slices:
+                raise ValueError(f"item {self.key}: column {i} has no chunk slices")
+            if column.squeeze and (len(column.slices) != 1 or column.slices[0].length != 1):
+                raise ValueError(f"item {self.key}: column {i} is squeezed, so it must be exactly one slice of "
+                                 f"length 1, got {[tuple(s) for s in column.slices]}")
+            for s in column.slices:
+                chunk = self.chunks.get(s.chunk_key)
+                if chunk is None:
+                    raise KeyError(f"Could not find sequence chunk {s.chunk_key}.")
+                used.add(s.chunk_key)
+                if s.offset < 0 or s.length < 1 or s.offset + s.length > chunk.num_rows:
+                    raise ValueError(f"item {self.key}: slice {tuple(s)} of column {i} is out of chunk "
+                                     f"{s.chunk_key}'s rows [0, {chunk.num_rows})")
+        if used != set(self.chunks):
+            raise ValueError(f"item {self.key}: chunks {sorted(set(self.chunks) - used)} are not referenced by "
+                             f"the trajectory")
+
+    @property
+    def episode_ids(self) -> frozenset:
+        return self._episode_ids
+
+    def column_arrays(self) -> list:
+        """The item's columns as numpy arrays (views when a column is one slice)."""
+        out = []
+        for slices, squeeze in self._columns:
+            if len(slices) == 1:
+                chunk, index, start, stop = slices[0]
+                value = chunk.tensors[index][start] if squeeze else chunk.tensors[index][start:stop]
+            else:
+                value = np.concatenate([c.tensors[i][a:b] for c, i, a, b in slices], axis=0)
+            out.append(value)
+        return out
+
+    def column_shapes(self) -> list:
+        """`(dtype, shape)` of each column without copying data."""
+        out = []
+        for slices, squeeze in self._columns:
+            first = slices[0][0].tensors[slices[0][1]]
+            rows = sum(b - a for _, _, a, b in slices)
+            shape = tuple(first.shape[1:]) if squeeze else (rows, *first.shape[1:])
+            out.append((first.dtype, shape))
+        return out
+
+    def __repr__(self) -> str:
+        return (f"Item(key={self.key}, priority={self.priority}, times_sampled={self.times_sampled}, "
+                f"columns={len(self.trajectory)})")

@@ -1,0 +1,458 @@
+"""A replay table: items, a sampler, a remover and a rate limiter, behind one lock.
+
+All calls are thread-safe. `insert_or_assign` and `sample` block on the rate limiter (waiting on condition
+variables that release the lock, so a blocked sampler and a blocked inserter in different threads never
+deadlock) until admitted, `timeout_ms` runs out (`DeadlineExceededError` with Reverb's message) or the table
+is closed (`CancelledError`). See `replay_tf.core` for the data model.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import threading
+import time
+from typing import Any, Iterable, NamedTuple, Optional, Sequence
+
+import numpy as np
+
+from replay_tf import errors
+from replay_tf.core import rate_limiters as rate_limiters_lib
+from replay_tf.core import selectors as selectors_lib
+from replay_tf.core.chunk_store import Item
+
+
+@dataclasses.dataclass(frozen=True)
+class TableWorkerTime:
+    """Mirror of Reverb's `TableWorkerTime` proto (this core has no worker thread: all zeros)."""
+    running_ms: int = 0
+    sampling_ms: int = 0
+    inserting_ms: int = 0
+    sleeping_ms: int = 0
+    waiting_for_sampling_ms: int = 0
+    waiting_for_inserts_ms: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class TableInfo:
+    """Reverb's `TableInfo`: configuration and state of a table; `signature` is a nest of `tf.TensorSpec`."""
+    name: str
+    sampler_options: selectors_lib.KeyDistributionOptions
+    remover_options: selectors_lib.KeyDistributionOptions
+    max_size: int
+    max_times_sampled: int
+    rate_limiter_info: rate_limiters_lib.RateLimiterInfo
+    signature: Any
+    current_size: int
+    num_episodes: int
+    num_deleted_episodes: int
+    num_unique_samples: int
+    table_worker_time: TableWorkerTime = TableWorkerTime()
+
+
+class SampledItem(NamedTuple):
+    """One sample: the item (its data is `item.column_arrays()`) and the values reported with it."""
+    item: Item
+    priority: float
+    times_sampled: int      # including this sample
+    probability: float
+    table_size: int
+    rate_limited: bool
+
+    @property
+    def key(self) -> int:
+        return self.item.key
+
+
+class TableExtensionBase:
+    """Base class of table extensions (accepted for API compatibility; none is built in)."""
+
+
+def _deadline(timeout_ms: Optional[float]) -> Optional[float]:
+    """`None` waits forever; `0` fails at once when blocked; otherwise milliseconds from now."""
+    if timeout_ms is None:
+        return None
+    return time.monotonic() + max(0.0, timeout_ms) / 1000.0
+
+
+class Table:
+    """A replay table (Reverb's `reverb.Table`).
+
+    Args:
+      name: Non-empty table name.
+      sampler: Selector choosing the items to sample (`replay_tf.selectors`).
+      remover: Selector choosing the item to delete when an insert overflows `max_size`.
+      max_size: Maximum number of items.
+      rate_limiter: `replay_tf.rate_limiters` config.
+      max_times_sampled: Items are deleted after this many samples; < 1 means no limit.
+      extensions: Accepted for compatibility; must be `TableExtensionBase` instances.
+      signature: Optional nest of `tf.TensorSpec` describing items.
+
+    >>> from replay_tf.core import selectors, rate_limiters
+    >>> table = Table('t', selectors.Uniform(), selectors.Fifo(), 10, rate_limiters.MinSize(1))
+    >>> table.info.current_size
+    0
+    """
+
+    def __init__(self, name: str, sampler, remover, max_size: int, rate_limiter, max_times_sampled: int = 0,
+                 extensions: Sequence[TableExtensionBase] = (), signature: Any = None):
+        if not name:
+            raise ValueError("name must be nonempty")
+        if max_size <= 0:
+            raise ValueError(f"max_size ({max_size}) must be a positive integer")
+        for argument, selector in (("sampler", sampler), ("remover", remover)):
+            if not isinstance(selector, selectors_lib._Selector):
+                raise TypeError(f"{argument} must be a selector from replay_tf.selectors (Uniform, Prioritized, "
+                                f"Fifo, Lifo, MaxHeap, MinHeap), got {selector!r}")
+        if not isinstance(rate_limiter, rate_limiters_lib.RateLimiter):
+            raise TypeError(f"rate_limiter must be a replay_tf.rate_limiters.RateLimiter, got {rate_limiter!r}")
+        self._name = name
+        self._sampler_config = sampler
+        self._remover_config = remover
+        self._max_size = int(max_size)
+        self._max_times_sampled = int(max_times_sampled)
+        self._rate_limiter_config = rate_limiter
+        self._extensions = tuple(extensions)
+        self._signature = signature
+        self._signature_entries = _signature_entries(signature) if signature is not None else None
+        self._prioritized = any(isinstance(s, selectors_lib.Prioritized) for s in (sampler, remover))
+
+        self._lock = threading.Lock()
+        self._insert_cv = threading.Condition(self._lock)
+        self._sample_cv = threading.Condition(self._lock)
+        self._items: dict = {}
+        self._sampler = sampler._build()
+        self._remover = remover._build()
+        self._limiter = rate_limiter._build()
+        self._episode_refs: dict = {}
+        self._num_deleted_episodes = 0
+        self._num_unique_samples = 0
+        self._closed = False
+
+    # --- constructors (Reverb's) ---
+
+    @classmethod
+    def queue(cls, name: str, max_size: int, extensions: Sequence[TableExtensionBase] = (),
+              signature: Any = None) -> "Table":
+        """A FIFO queue: Fifo sampler and remover, `max_times_sampled=1`, `Queue(max_size)` limiter."""
+        return cls(name=name, sampler=selectors_lib.Fifo(), remover=selectors_lib.Fifo(), max_size=max_size,
+                   max_times_sampled=1, rate_limiter=rate_limiters_lib.Queue(max_size), extensions=extensions,
+                   signature=signature)
+
+    @classmethod
+    def stack(cls, name: str, max_size: int, extensions: Sequence[TableExtensionBase] = (),
+              signature: Any = None) -> "Table":
+        """A LIFO stack: Lifo sampler and remover, `max_times_sampled=1`, `Stack(max_size)` limiter."""
+        return cls(name=name, sampler=selectors_lib.Lifo(), remover=selectors_lib.Lifo(), max_size=max_size,
+                   max_times_sampled=1, rate_limiter=rate_limiters_lib.Stack(max_size), extensions=extensions,
+                   signature=signature)
+
+    def replace(self, name=None, sampler=None, remover=None, max_size=None, rate_limiter=None,
+                max_times_sampled=None, extensions=None, signature=None) -> "Table":
+        """A new empty table with this one's settings except those given."""
+        pick = lambda new, old: old if new is None else new  # noqa: E731
+        return Table(name=pick(name, self._name), sampler=pick(sampler, self._sampler_config),
+                     remover=pick(remover, self._remover_config), max_size=pick(max_size, self._max_size),
+                     rate_limiter=pick(rate_limiter, self._rate_limiter_config),
+                     max_times_sampled=pick(max_times_sampled, self._max_times_sampled),
+                     extensions=pick(extensions, self._extensions), signature=pick(signature, self._signature))
+
+    # --- properties ---
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def signature(self) -> Any:
+        return self._signature
+
+    @property
+    def max_size(self) -> int:
+        return self._max_size
+
+    @property
+    def max_times_sampled(self) -> int:
+        return self._max_times_sampled
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def info(self) -> TableInfo:
+        """The table's `TableInfo` (a snapshot)."""
+        with self._lock:
+            return TableInfo(
+                name=self._name,
+                sampler_options=self._sampler_config.options(),
+                remover_options=self._remover_config.options(),
+                max_size=self._max_size,
+                max_times_sampled=self._max_times_sampled,
+                rate_limiter_info=self._limiter.info(),
+                signature=self._signature,
+                current_size=len(self._items),
+                num_episodes=len(self._episode_refs),
+                num_deleted_episodes=self._num_deleted_episodes,
+                num_unique_samples=self._num_unique_samples,
+            )
+
+    def size(self) -> int:
+        return len(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def can_sample(self, num_samples: int) -> bool:
+        """Whether the rate limiter would admit `num_samples` samples now (ignores the table's content)."""
+        with self._lock:
+            return self._limiter.can_sample(num_samples)
+
+    def can_insert(self, num_inserts: int) -> bool:
+        """Whether the rate limiter would admit `num_inserts` inserts now."""
+        with self._lock:
+            return self._limiter.can_insert(num_inserts)
+
+    def __repr__(self) -> str:
+        return (f"Table(name={self._name!r}, sampler={self._sampler_config!r}, remover={self._remover_config!r}, "
+                f"max_size={self._max_size}, rate_limiter={self._rate_limiter_config!r}, "
+                f"max_times_sampled={self._max_times_sampled}, signature={self._signature!r})")
+
+    # --- validation ---
+
+    def check_priority(self, key: int, priority: float) -> None:
+        """ValueError for a NaN priority, or a negative one when a selector is `Prioritized`."""
+        if math.isnan(priority):
+            raise ValueError(f"priority of item {key} for table '{self._name}' is NaN; priorities must be numbers")
+        if priority < 0 and self._prioritized:
+            raise ValueError(f"priority ({priority}) of item {key} must be >= 0: table '{self._name}' uses a "
+                             f"Prioritized selector")
+
+    def check_signature(self, item: Item) -> None:
+        """ValueError naming the column path when `item`'s columns contradict the table's signature."""
+        entries = self._signature_entries
+        if entries is None:
+            return
+        columns = item.column_shapes()
+        if len(columns) != len(entries):
+            raise ValueError(f"item {item.key} for table '{self._name}' has {len(columns)} columns but the table "
+                             f"signature has {len(entries)}: {[e[0] for e in entries]}")
+        for (path, dtype, shape, spec), (got_dtype, got_shape) in zip(entries, columns):
+            if got_dtype != dtype or not _shape_compatible(shape, got_shape):
+                raise ValueError(f"item {item.key} for table '{self._name}' does not match the table signature at "
+                                 f"column '{path}': expected {spec}, got dtype={np.dtype(got_dtype).name} "
+                                 f"shape={list(got_shape)}")
+
+    # --- mutation ---
+
+    def insert_or_assign(self, item: Item, timeout_ms: Optional[float] = None) -> bool:
+        """Inserts `item` (True), or updates the priority of the item with its key (False, not rate-limited).
+
+        Blocks while the rate limiter refuses the insert. When the table overflows `max_size`, the remover
+        then deletes one item, possibly the new one.
+        """
+        self.check_priority(item.key, item.priority)
+        with self._lock:
+            existing = self._items.get(item.key)
+            if existing is None:
+                if not self._limiter.can_insert(1):
+                    self._wait(self._insert_cv, lambda: self._limiter.can_insert(1), _deadline(timeout_ms))
+                    existing = self._items.get(item.key)
+            if existing is not None:
+                self._update_locked(existing, item.priority)
+                return False
+            self._check_open()
+            item.inserted_at = time.time_ns()
+            self._items[item.key] = item
+            self._sampler.insert(item)
+            self._remover.insert(item)
+            self._limiter.inserts += 1
+            refs = self._episode_refs
+            for episode_id in item.episode_ids:
+                refs[episode_id] = refs.get(episode_id, 0) + 1
+            if len(self._items) > self._max_size:
+                victim, _ = self._remover.sample()
+                self._delete_locked(victim)
+            self._sample_cv.notify_all()
+            return True
+
+    def mutate_items(self, updates: Iterable[tuple] = (), deletes: Iterable[int] = ()) -> None:
+        """Deletes `deletes` keys, then sets `updates` `(key, priority)` pairs; unknown keys are ignored."""
+        updates = [(int(k), float(p)) for k, p in updates]
+        for key, priority in updates:
+            self.check_priority(key, priority)
+        with self._lock:
+            for key in deletes:
+                item = self._items.get(int(key))
+                if item is not None:
+                    self._delete_locked(item)
+            for key, priority in updates:
+                item = self._items.get(key)
+                if item is not None:
+                    self._update_locked(item, priority)
+            self._insert_cv.notify_all()
+            self._sample_cv.notify_all()
+
+    def reset(self) -> None:
+        """Deletes every item and resets the rate limiter and the episode and sample counters."""
+        with self._lock:
+            self._items.clear()
+            self._sampler.clear()
+            self._remover.clear()
+            self._limiter.reset()
+            self._episode_refs.clear()
+            self._num_deleted_episodes = 0
+            self._num_unique_samples = 0
+            self._insert_cv.notify_all()
+            self._sample_cv.notify_all()
+
+    def close(self) -> None:
+        """Fails every blocked and future insert or sample with `CancelledError`."""
+        with self._lock:
+            self._closed = True
+            self._insert_cv.notify_all()
+            self._sample_cv.notify_all()
+
+    # --- sampling ---
+
+    def sample(self, num_samples: int = 1, timeout_ms: Optional[float] = None) -> list:
+        """A flexible batch: waits until one sample is admitted, then takes up to `num_samples` at once.
+
+        Returns as many samples as the rate limiter admits without waiting again (at least one).
+        """
+        if num_samples < 1:
+            raise ValueError(f"num_samples ({num_samples}) must be >= 1")
+        with self._lock:
+            limiter = self._limiter
+            rate_limited = False
+            if not (limiter.can_sample(1) and self._items):
+                rate_limited = True
+                self._wait(self._sample_cv, lambda: limiter.can_sample(1) and bool(self._items),
+                           _deadline(timeout_ms))
+            self._check_open()
+            count = limiter.num_can_sample(num_samples)
+            out = []
+            if not self._sampler.is_deterministic and self._max_times_sampled < 1:
+                # Nothing is deleted while sampling, so the whole batch is drawn in one vectorized call.
+                table_size = len(self._items)
+                items, probabilities = self._sampler.sample_many(count)
+                limiter.samples += count
+                for item, probability in zip(items, probabilities.tolist()):
+                    item.times_sampled += 1
+                    if item.times_sampled == 1:
+                        self._num_unique_samples += 1
+                    out.append(SampledItem(item, item.priority, item.times_sampled, probability, table_size,
+                                           rate_limited))
+                    rate_limited = False
+            else:
+                for _ in range(count):
+                    if not self._items:
+                        break
+                    table_size = len(self._items)
+                    item, probability = self._sampler.sample()
+                    limiter.samples += 1
+                    item.times_sampled += 1
+                    if item.times_sampled == 1:
+                        self._num_unique_samples += 1
+                    out.append(SampledItem(item, item.priority, item.times_sampled, probability, table_size,
+                                           rate_limited))
+                    rate_limited = False
+                    if 0 < self._max_times_sampled <= item.times_sampled:
+                        self._delete_locked(item)
+            self._insert_cv.notify_all()
+            return out
+
+    # --- checkpointing support ---
+
+    def items_snapshot(self) -> list:
+        """The items in insertion order (for checkpoints); the items themselves are live objects."""
+        with self._lock:
+            return sorted(self._items.values(), key=lambda it: it.inserted_at)
+
+    def state_snapshot(self) -> dict:
+        """Rate-limiter counters and table counters, for checkpoints."""
+        with self._lock:
+            return {"inserts": self._limiter.inserts, "samples": self._limiter.samples,
+                    "deletes": self._limiter.deletes, "num_deleted_episodes": self._num_deleted_episodes,
+                    "num_unique_samples": self._num_unique_samples}
+
+    def restore(self, items: Iterable[Item], state: Optional[dict] = None) -> None:
+        """Inserts `items` (in order, keeping their `inserted_at`) bypassing the rate limiter, then sets
+        the counters from `state` (as `state_snapshot` returns them) if given."""
+        with self._lock:
+            for item in items:
+                self._items[item.key] = item
+                self._sampler.insert(item)
+                self._remover.insert(item)
+                for episode_id in item.episode_ids:
+                    self._episode_refs[episode_id] = self._episode_refs.get(episode_id, 0) + 1
+            if state is not None:
+                self._limiter.inserts = state["inserts"]
+                self._limiter.samples = state["samples"]
+                self._limiter.deletes = state["deletes"]
+                self._num_deleted_episodes = state["num_deleted_episodes"]
+                self._num_unique_samples = state["num_unique_samples"]
+            self._insert_cv.notify_all()
+            self._sample_cv.notify_all()
+
+    def get_item(self, key: int) -> Optional[Item]:
+        with self._lock:
+            return self._items.get(int(key))
+
+    # --- internals (called with the lock held) ---
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise errors.CancelledError(f"Table '{self._name}' has been closed (its server was stopped).")
+
+    def _wait(self, cv: threading.Condition, admitted, deadline: Optional[float]) -> None:
+        while True:
+            self._check_open()
+            if admitted():
+                return
+            if deadline is None:
+                cv.wait()
+            else:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise errors.rate_limiter_timeout()
+                cv.wait(remaining)
+
+    def _update_locked(self, item: Item, priority: float) -> None:
+        item.priority = priority
+        self._sampler.update(item)
+        self._remover.update(item)
+
+    def _delete_locked(self, item: Item) -> None:
+        del self._items[item.key]
+        self._sampler.delete(item)
+        self._remover.delete(item)
+        self._limiter.deletes += 1
+        refs = self._episode_refs
+        for episode_id in item.episode_ids:
+            left = refs[episode_id] - 1
+            if left:
+                refs[episode_id] = left
+            else:
+                del refs[episode_id]
+                self._num_deleted_episodes += 1
+
+
+def _signature_entries(signature: Any) -> list:
+    """`(path, numpy dtype, shape, spec)` per flattened leaf; ValueError for leaves that are not TensorSpecs."""
+    import tensorflow as tf  # noqa: PLC0415  (only tables with a signature need TF)
+    import tree  # noqa: PLC0415
+
+    entries = []
+    for path, spec in tree.flatten_with_path(signature):
+        if not isinstance(spec, tf.TensorSpec):
+            raise ValueError(f"Unsupported signature spec: {spec}")
+        dtype = np.dtype(object) if spec.dtype == tf.string else np.dtype(spec.dtype.as_numpy_dtype)
+        shape = None if spec.shape.rank is None else tuple(spec.shape.as_list())
+        entries.append(("/".join(str(p) for p in path) or "<root>", dtype, shape, spec))
+    return entries
+
+
+def _shape_compatible(expected: Optional[tuple], got: tuple) -> bool:
+    if expected is None:
+        return True
+    return len(expected) == len(got) and all(e is None or e == g for e, g in zip(expected, got))

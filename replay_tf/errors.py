@@ -1,0 +1,21 @@
+"""Error classes, named as Reverb names them (`reverb.ReverbError`, `reverb.DeadlineExceededError`)."""
+
+# Reverb's status text for a rate-limiter timeout (inserts and samples alike); clients match on it.
+RATE_LIMITER_TIMEOUT_MESSAGE = "Rate Limiter: Timeout exceeded before the right to insert was acquired."
+
+
+class ReverbError(Exception):
+    """Base class for replay server errors."""
+
+
+class DeadlineExceededError(ReverbError):
+    """A call to the server timed out (for example waiting on a rate limiter)."""
+
+
+class CancelledError(ReverbError):
+    """A call was cancelled because its table (or server) was closed while it waited."""
+
+
+def rate_limiter_timeout() -> DeadlineExceededError:
+    """The error a rate-limited call raises when its `timeout_ms` runs out."""
+    return DeadlineExceededError(RATE_LIMITER_TIMEOUT_MESSAGE)

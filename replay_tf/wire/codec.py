@@ -1,0 +1,454 @@
+"""Reverb's chunk tensor encoding, and conversions between the core's data model and the protos.
+
+Chunk tensors are encoded exactly as Reverb's `CompressTensorAsProto` does:
+  - non-string tensors: `TensorProto{dtype, tensor_shape, tensor_content}` where `tensor_content` is the
+    Snappy *raw block* compression of the little-endian row-major bytes (so it is not a plain TensorProto
+    payload: `tf.make_ndarray` cannot read it);
+  - `delta_encoded` chunks: integer tensors of rank >= 2 hold `out[0] = in[0]`, `out[i] = in[i] - in[i-1]`
+    along dim 0, computed on the unsigned reinterpretation (wrapping); other tensors are unchanged;
+  - strings: uncompressed, as TF's `AsProtoTensorContent` writes them: `tensor_content` holds the varint
+    length of every string, then their bytes (older writers' `string_val` is read too).
+
+>>> import numpy as np
+>>> rows = np.arange(12, dtype=np.int32).reshape(3, 4)
+>>> proto = encode_tensor(rows, delta_encoded=True)
+>>> bool((decode_tensor(proto, delta_encoded=True) == rows).all())
+True
+
+The conversions (`item_to_proto`, `trajectory_from_proto`, `table_info_to_proto`, ...) map the core's
+plain Python objects (`replay_tf.core`) to the `deepmind.reverb` messages and back; signatures travel as
+`tensorflow.StructuredValue` from TF's `nested_structure_coder`, as Reverb's Python layer encodes them.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Optional, Sequence
+
+import cramjam
+import numpy as np
+
+from replay_tf.core import chunk_store
+from replay_tf.core import rate_limiters as rate_limiters_lib
+from replay_tf.core import selectors as selectors_lib
+from replay_tf.core import table as table_lib
+from replay_tf.wire import schema_pb2
+
+__all__ = [
+    "ChunkDecodeError",
+    "chunk_from_proto",
+    "chunk_to_proto",
+    "decode_chunk_tensors",
+    "decode_signature",
+    "decode_tensor",
+    "dtype_enum",
+    "encode_signature",
+    "encode_tensor",
+    "item_to_proto",
+    "key_distribution_options_from_proto",
+    "key_distribution_options_to_proto",
+    "numpy_dtype",
+    "rate_limiter_info_from_proto",
+    "rate_limiter_info_to_proto",
+    "serialized_chunk",
+    "table_info_from_proto",
+    "table_info_to_proto",
+    "tensor_header",
+    "trajectory_from_proto",
+    "trajectory_to_proto",
+]
+
+_DT_STRING = 7
+_DT_VARIANT = 21
+_DT_RESOURCE = 20
+
+# Integer dtypes Reverb delta-encodes (TF_CALL_INTEGRAL_TYPES), by numpy kind and itemsize.
+_UNSIGNED_VIEW = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+class ChunkDecodeError(ValueError):
+    """A chunk tensor cannot be decoded (bad compression, size or dtype)."""
+
+
+# --- dtypes ---
+
+@functools.lru_cache(maxsize=None)
+def _enum_for_dtype(dtype: np.dtype) -> int:
+    import tensorflow as tf  # noqa: PLC0415  (tensor_pb2, which the protos import, already loads TF)
+    if dtype.kind in ("O", "S", "U"):
+        return _DT_STRING
+    return tf.dtypes.as_dtype(dtype).as_datatype_enum
+
+
+@functools.lru_cache(maxsize=None)
+def _dtype_for_enum(enum: int) -> np.dtype:
+    import tensorflow as tf  # noqa: PLC0415
+    if enum == _DT_STRING:
+        return np.dtype(object)
+    if enum in (_DT_VARIANT, _DT_RESOURCE):
+        raise ChunkDecodeError(f"chunk tensors of dtype {tf.dtypes.as_dtype(enum).name} are not supported")
+    try:
+        return np.dtype(tf.dtypes.as_dtype(enum).as_numpy_dtype)
+    except TypeError as e:
+        raise ChunkDecodeError(f"unknown tensor dtype enum {enum}") from e
+
+
+def dtype_enum(dtype) -> int:
+    """The `tensorflow.DataType` enum of a numpy dtype (object/bytes/str arrays are `DT_STRING`)."""
+    return _enum_for_dtype(np.dtype(dtype))
+
+
+def numpy_dtype(enum: int) -> np.dtype:
+    """The numpy dtype of a `tensorflow.DataType` enum (`object` for strings); ChunkDecodeError if none."""
+    return _dtype_for_enum(int(enum))
+
+
+# --- tensors ---
+
+def _delta_applies(array: np.ndarray) -> bool:
+    return array.ndim >= 2 and array.dtype.kind in ("i", "u")
+
+
+def encode_tensor(array: np.ndarray, *, delta_encoded: bool = False) -> "TensorProto":
+    """A chunk tensor (steps on dim 0) as Reverb encodes it.
+
+    Args:
+      array: numpy array; object/bytes/str arrays are encoded as strings.
+      delta_encoded: Delta-encode integer tensors of rank >= 2 (other tensors are unaffected).
+
+    Returns:
+      A `tensorflow.TensorProto` whose `tensor_content` is Snappy-compressed (strings: `string_val`).
+    """
+    array = np.asarray(array)
+    proto = _TensorProto(dtype=dtype_enum(array.dtype))
+    dims = proto.tensor_shape.dim
+    for size in array.shape:
+        dims.add().size = size
+    if proto.dtype == _DT_STRING:
+        proto.tensor_content = _encode_string_list(array)
+        return proto
+    if delta_encoded and _delta_applies(array):
+        unsigned = array.view(_UNSIGNED_VIEW[array.dtype.itemsize])
+        diff = unsigned.copy()
+        # Row i becomes in[i] - in[i-1]; unsigned arithmetic wraps, as Reverb's does.
+        np.subtract(unsigned[1:], unsigned[:-1], out=diff[1:])
+        array = diff
+    if not array.dtype.isnative:
+        array = array.astype(array.dtype.newbyteorder("="))
+    proto.tensor_content = bytes(cramjam.snappy.compress_raw(np.ascontiguousarray(array)))
+    return proto
+
+
+def decode_tensor(proto, *, delta_encoded: bool = False) -> np.ndarray:
+    """The numpy array of a chunk tensor encoded by Reverb (or `encode_tensor`).
+
+    Raises:
+      ChunkDecodeError: unsupported dtype, invalid Snappy data, or a size that contradicts the shape.
+    """
+    dtype = numpy_dtype(proto.dtype)
+    shape = tuple(d.size for d in proto.tensor_shape.dim)
+    if any(size < 0 for size in shape):
+        raise ChunkDecodeError(f"chunk tensor has a negative dimension: shape {list(shape)}")
+    count = int(np.prod(shape, dtype=np.int64))
+    if dtype == object:
+        values = _decode_string_list(proto.tensor_content, count) if proto.tensor_content else proto.string_val
+        if len(values) != count:
+            raise ChunkDecodeError(f"string chunk tensor of shape {list(shape)} has {len(values)} values, "
+                                   f"expected {count}")
+        out = np.empty(count, dtype=object)
+        out[:] = list(values)
+        return out.reshape(shape)
+    content = proto.tensor_content
+    expected = count * dtype.itemsize
+    try:
+        size = cramjam.snappy.decompress_raw_len(content)
+    except Exception as e:  # cramjam raises its own DecompressionError type
+        raise ChunkDecodeError(f"chunk tensor content is not Snappy raw data: {e}") from e
+    if size != expected:
+        raise ChunkDecodeError(f"chunk tensor of dtype {dtype.name} and shape {list(shape)} needs {expected} "
+                               f"bytes, its content decompresses to {size}")
+    out = np.empty(shape, dtype=dtype)
+    if expected:
+        try:
+            cramjam.snappy.decompress_raw_into(content, out.reshape(-1).view(np.uint8))
+        except Exception as e:
+            raise ChunkDecodeError(f"chunk tensor content is corrupt Snappy raw data: {e}") from e
+    if delta_encoded and _delta_applies(out):
+        unsigned = out.view(_UNSIGNED_VIEW[dtype.itemsize])
+        # Prefix sums undo the consecutive differences (wrapping, as they were computed).
+        np.cumsum(unsigned, axis=0, dtype=unsigned.dtype, out=unsigned)
+    return out
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _encode_string_list(array: np.ndarray) -> bytes:
+    # TF's EncodeStringList: every length as a varint, then every string's bytes.
+    values = [v if isinstance(v, bytes) else str(v).encode() for v in array.reshape(-1)]
+    return b"".join([_varint(len(v)) for v in values] + values)
+
+
+def _decode_string_list(content: bytes, count: int) -> list:
+    lengths, pos = [], 0
+    try:
+        for _ in range(count):
+            length = shift = 0
+            while True:
+                byte = content[pos]
+                pos += 1
+                length |= (byte & 0x7F) << shift
+                shift += 7
+                if not byte & 0x80:
+                    break
+            lengths.append(length)
+    except IndexError as e:
+        raise ChunkDecodeError(f"string chunk tensor content ends inside the lengths of its {count} "
+                               f"strings") from e
+    if pos + sum(lengths) != len(content):
+        raise ChunkDecodeError(f"string chunk tensor content has {len(content) - pos} bytes of data, its "
+                               f"{count} lengths add up to {sum(lengths)}")
+    values = []
+    for length in lengths:
+        values.append(content[pos:pos + length])
+        pos += length
+    return values
+
+
+def tensor_header(proto) -> tuple[np.dtype, tuple]:
+    """`(numpy dtype, shape)` of an encoded chunk tensor, without decoding its content."""
+    return numpy_dtype(proto.dtype), tuple(d.size for d in proto.tensor_shape.dim)
+
+
+# --- chunks ---
+
+def chunk_to_proto(chunk: chunk_store.Chunk, *, delta_encoded: Optional[bool] = None) -> schema_pb2.ChunkData:
+    """The `ChunkData` of a core chunk (only its first `num_rows` rows: an open chunk may still grow)."""
+    delta = chunk.delta_encoded if delta_encoded is None else delta_encoded
+    rows = chunk.num_rows
+    proto = schema_pb2.ChunkData(chunk_key=chunk.key, delta_encoded=delta)
+    sequence_range = chunk.sequence_range
+    proto.sequence_range.episode_id = sequence_range.episode_id
+    proto.sequence_range.start = sequence_range.start
+    proto.sequence_range.end = sequence_range.end
+    proto.sequence_range.sparse = sequence_range.sparse
+    tensors = proto.data.tensors
+    uncompressed = 0
+    for tensor in chunk.tensors:
+        tensor = tensor[:rows]
+        tensors.append(encode_tensor(tensor, delta_encoded=delta))
+        uncompressed += _total_bytes(tensor)
+    proto.data_tensors_len = len(chunk.tensors)
+    proto.data_uncompressed_size = uncompressed
+    return proto
+
+
+def _total_bytes(array: np.ndarray) -> int:
+    if array.dtype == object:
+        return sum(len(v) for v in array.reshape(-1))
+    return array.nbytes
+
+
+def _proto_tensors(proto: schema_pb2.ChunkData):
+    # Chunks from old checkpoints carry their tensors in the deprecated field.
+    return proto.data.tensors if proto.HasField("data") else proto.deprecated_data
+
+
+def decode_chunk_tensors(proto: schema_pb2.ChunkData) -> list:
+    """The decoded column tensors of a `ChunkData`."""
+    return [decode_tensor(t, delta_encoded=proto.delta_encoded) for t in _proto_tensors(proto)]
+
+
+def _decode_serialized(serialized: bytes) -> list:
+    return decode_chunk_tensors(schema_pb2.ChunkData.FromString(serialized))
+
+
+def chunk_from_proto(proto: schema_pb2.ChunkData, serialized: Optional[bytes] = None
+                     ) -> tuple[chunk_store.Chunk, list]:
+    """A core chunk decoded lazily from `proto`, keeping the serialized form to send it again as is.
+
+    The chunk's `encoded` slot holds `serialized` (or `proto` serialized); its tensors are decoded on
+    first access. Headers are checked now: ChunkDecodeError for an unsupported dtype, a tensor whose rows
+    contradict the sequence range, or an empty chunk.
+
+    Returns:
+      `(chunk, headers)` with `headers[i] = (numpy dtype, shape)` of tensor `i`, for signature checks
+      that must not decode the data.
+    """
+    sequence_range = chunk_store.SequenceRange(proto.sequence_range.episode_id, proto.sequence_range.start,
+                                               proto.sequence_range.end, proto.sequence_range.sparse)
+    rows = sequence_range.end - sequence_range.start + 1
+    tensors = _proto_tensors(proto)
+    if not tensors:
+        raise ChunkDecodeError(f"chunk {proto.chunk_key} has no tensors")
+    if rows < 1:
+        raise ChunkDecodeError(f"chunk {proto.chunk_key} has an empty sequence range "
+                               f"[{sequence_range.start}, {sequence_range.end}]")
+    headers = []
+    for index, tensor in enumerate(tensors):
+        dtype, shape = tensor_header(tensor)
+        if not shape or shape[0] != rows:
+            raise ChunkDecodeError(f"chunk {proto.chunk_key}: tensor {index} has shape {list(shape)} but the "
+                                   f"sequence range [{sequence_range.start}, {sequence_range.end}] has {rows} rows")
+        headers.append((dtype, shape))
+    if serialized is None:
+        serialized = proto.SerializeToString()
+    chunk = chunk_store.Chunk(proto.chunk_key, None, sequence_range, delta_encoded=proto.delta_encoded,
+                              encoded=serialized, decoder=_decode_serialized)
+    return chunk, headers
+
+
+def serialized_chunk(chunk: chunk_store.Chunk) -> bytes:
+    """The serialized `ChunkData` of a core chunk, cached on the chunk (re-encoded if it grew since)."""
+    encoded = chunk.encoded
+    if isinstance(encoded, bytes):
+        return encoded
+    if isinstance(encoded, tuple) and encoded[0] == chunk.sequence_range.end:
+        return encoded[1]
+    serialized = chunk_to_proto(chunk).SerializeToString()
+    chunk.encoded = (chunk.sequence_range.end, serialized)
+    return serialized
+
+
+# --- items and trajectories ---
+
+def trajectory_to_proto(trajectory: Sequence[chunk_store.Column], proto: Optional[schema_pb2.FlatTrajectory] = None
+                        ) -> schema_pb2.FlatTrajectory:
+    """A core flat trajectory (tuple of `Column`) as a `FlatTrajectory`."""
+    proto = schema_pb2.FlatTrajectory() if proto is None else proto
+    for column in trajectory:
+        column_proto = proto.columns.add(squeeze=column.squeeze)
+        for s in column.slices:
+            column_proto.chunk_slices.add(chunk_key=s[0], offset=s[1], length=s[2], index=s[3])
+    return proto
+
+
+def trajectory_from_proto(proto: schema_pb2.FlatTrajectory) -> tuple:
+    """A `FlatTrajectory` as a core flat trajectory (tuple of `Column`)."""
+    return tuple(
+        chunk_store.Column(tuple(chunk_store.ChunkSlice(s.chunk_key, s.offset, s.length, s.index)
+                                 for s in column.chunk_slices), column.squeeze)
+        for column in proto.columns)
+
+
+def item_to_proto(item: chunk_store.Item, table: str, *, times_sampled: Optional[int] = None,
+                  priority: Optional[float] = None) -> schema_pb2.PrioritizedItem:
+    """A core item as a `PrioritizedItem` (`inserted_at` from the item's nanosecond clock)."""
+    proto = schema_pb2.PrioritizedItem(
+        key=item.key, table=table, priority=item.priority if priority is None else priority,
+        times_sampled=item.times_sampled if times_sampled is None else times_sampled)
+    if item.inserted_at:
+        proto.inserted_at.seconds, proto.inserted_at.nanos = divmod(int(item.inserted_at), 1_000_000_000)
+    trajectory_to_proto(item.trajectory, proto.flat_trajectory)
+    return proto
+
+
+# --- selectors, rate limiters, table info ---
+
+def key_distribution_options_to_proto(options: selectors_lib.KeyDistributionOptions
+                                      ) -> schema_pb2.KeyDistributionOptions:
+    proto = schema_pb2.KeyDistributionOptions(is_deterministic=options.is_deterministic)
+    kind = options.WhichOneof("distribution")
+    if kind == "prioritized":
+        proto.prioritized.priority_exponent = options.prioritized.priority_exponent
+    elif kind == "heap":
+        proto.heap.min_heap = options.heap.min_heap
+    elif kind is not None:
+        setattr(proto, kind, True)
+    return proto
+
+
+def key_distribution_options_from_proto(proto: schema_pb2.KeyDistributionOptions
+                                        ) -> selectors_lib.KeyDistributionOptions:
+    kind = proto.WhichOneof("distribution")
+    kwargs: dict[str, Any] = {"is_deterministic": proto.is_deterministic}
+    if kind == "prioritized":
+        kwargs["prioritized"] = selectors_lib.PrioritizedOptions(proto.prioritized.priority_exponent)
+    elif kind == "heap":
+        kwargs["heap"] = selectors_lib.HeapOptions(proto.heap.min_heap)
+    elif kind is not None:
+        kwargs[kind] = True
+    return selectors_lib.KeyDistributionOptions(**kwargs)
+
+
+def rate_limiter_info_to_proto(info: rate_limiters_lib.RateLimiterInfo) -> schema_pb2.RateLimiterInfo:
+    proto = schema_pb2.RateLimiterInfo(samples_per_insert=info.samples_per_insert, min_diff=info.min_diff,
+                                       max_diff=info.max_diff, min_size_to_sample=info.min_size_to_sample)
+    proto.insert_stats.completed = info.insert_stats.completed
+    proto.sample_stats.completed = info.sample_stats.completed
+    return proto
+
+
+def rate_limiter_info_from_proto(proto: schema_pb2.RateLimiterInfo) -> rate_limiters_lib.RateLimiterInfo:
+    return rate_limiters_lib.RateLimiterInfo(
+        samples_per_insert=proto.samples_per_insert, min_diff=proto.min_diff, max_diff=proto.max_diff,
+        min_size_to_sample=proto.min_size_to_sample,
+        insert_stats=rate_limiters_lib.RateLimiterCallStats(proto.insert_stats.completed),
+        sample_stats=rate_limiters_lib.RateLimiterCallStats(proto.sample_stats.completed))
+
+
+def encode_signature(signature: Any):
+    """A nest of `tf.TensorSpec` as the `tensorflow.StructuredValue` Reverb stores in `TableInfo`."""
+    from tensorflow.python.saved_model import nested_structure_coder  # noqa: PLC0415
+    return nested_structure_coder.encode_structure(signature)
+
+
+def decode_signature(proto) -> Any:
+    """The nest of `tf.TensorSpec` of a `StructuredValue` (bounded specs become plain `TensorSpec`s)."""
+    import tensorflow as tf  # noqa: PLC0415
+    from tensorflow.python.saved_model import nested_structure_coder  # noqa: PLC0415
+    decoded = nested_structure_coder.decode_proto(proto)
+    return tf.nest.map_structure(
+        lambda spec: tf.TensorSpec(spec.shape, spec.dtype, spec.name)
+        if isinstance(spec, tf.TensorSpec) and type(spec) is not tf.TensorSpec else spec, decoded)
+
+
+def table_info_to_proto(info: table_lib.TableInfo) -> schema_pb2.TableInfo:
+    """A core `TableInfo` as the `TableInfo` proto (signature encoded as a `StructuredValue`)."""
+    proto = schema_pb2.TableInfo(name=info.name, max_size=info.max_size, max_times_sampled=info.max_times_sampled,
+                                 current_size=info.current_size, num_episodes=info.num_episodes,
+                                 num_deleted_episodes=info.num_deleted_episodes,
+                                 num_unique_samples=info.num_unique_samples)
+    proto.sampler_options.CopyFrom(key_distribution_options_to_proto(info.sampler_options))
+    proto.remover_options.CopyFrom(key_distribution_options_to_proto(info.remover_options))
+    proto.rate_limiter_info.CopyFrom(rate_limiter_info_to_proto(info.rate_limiter_info))
+    if info.signature is not None:
+        proto.signature.CopyFrom(encode_signature(info.signature))
+    worker_time = info.table_worker_time
+    for field in ("running_ms", "sampling_ms", "inserting_ms", "sleeping_ms", "waiting_for_sampling_ms",
+                  "waiting_for_inserts_ms"):
+        setattr(proto.table_worker_time, field, getattr(worker_time, field))
+    return proto
+
+
+def table_info_from_proto(proto: schema_pb2.TableInfo) -> table_lib.TableInfo:
+    """A `TableInfo` proto as the core's `TableInfo` (signature decoded to a `tf.TensorSpec` nest)."""
+    worker_time = proto.table_worker_time
+    return table_lib.TableInfo(
+        name=proto.name,
+        sampler_options=key_distribution_options_from_proto(proto.sampler_options),
+        remover_options=key_distribution_options_from_proto(proto.remover_options),
+        max_size=proto.max_size,
+        max_times_sampled=proto.max_times_sampled,
+        rate_limiter_info=rate_limiter_info_from_proto(proto.rate_limiter_info),
+        signature=decode_signature(proto.signature) if proto.HasField("signature") else None,
+        current_size=proto.current_size,
+        num_episodes=proto.num_episodes,
+        num_deleted_episodes=proto.num_deleted_episodes,
+        num_unique_samples=proto.num_unique_samples,
+        table_worker_time=table_lib.TableWorkerTime(
+            worker_time.running_ms, worker_time.sampling_ms, worker_time.inserting_ms, worker_time.sleeping_ms,
+            worker_time.waiting_for_sampling_ms, worker_time.waiting_for_inserts_ms))
+
+
+def _tensor_proto_class():
+    from tensorflow.core.framework import tensor_pb2  # noqa: PLC0415
+    return tensor_pb2.TensorProto
+
+
+_TensorProto = _tensor_proto_class()

@@ -6,10 +6,40 @@ code written for `tf_agents.replay_buffers`.
 # Each section re-exports one part of the package; keep one name per line and mirror it in __all__.
 
 # --- in-graph buffers (replay_tf/buffers) ---
+from replay_tf.buffers import BufferInfo
+from replay_tf.buffers import TFUniformReplayBuffer
+from replay_tf.buffers import UniformReplayBuffer
 
 # --- replay server: tables, selectors, rate limiters, client, writers, datasets (replay_tf/core, ...) ---
+from replay_tf import rate_limiters
+from replay_tf import selectors
+from replay_tf.client import Client
+from replay_tf.errors import DeadlineExceededError
+from replay_tf.errors import ReverbError
+from replay_tf.server import Server
+from replay_tf.core.table import Table
+from replay_tf.trajectory_dataset import ReplaySample
+from replay_tf.trajectory_dataset import SampleInfo
+from replay_tf.trajectory_dataset import TrajectoryDataset
+from replay_tf.trajectory_writer import TrajectoryColumn
+from replay_tf.trajectory_writer import TrajectoryWriter
 
 __all__ = [
     # --- in-graph buffers ---
+    "BufferInfo",
+    "TFUniformReplayBuffer",
+    "UniformReplayBuffer",
     # --- replay server ---
+    "Client",
+    "DeadlineExceededError",
+    "ReplaySample",
+    "ReverbError",
+    "SampleInfo",
+    "Server",
+    "Table",
+    "TrajectoryColumn",
+    "TrajectoryDataset",
+    "TrajectoryWriter",
+    "rate_limiters",
+    "selectors",
 ]

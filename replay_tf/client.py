@@ -1,0 +1,307 @@
+"""`Client`: Reverb's Python client over a pluggable transport.
+
+`Client(address)` uses the in-process transport when a `Server` of this process owns `address` (tables are
+called directly: no serialization, no copies on insert), and otherwise the remote transport from
+`replay_tf._grpc_transport` (`Transport(address)`), imported lazily.
+
+A transport implements `Transport` below. Writers use `open_insert_stream()`; `TrajectoryDataset` and
+`Client.sample` use `open_sample_stream(...)`; both exchange `replay_tf.core` objects (`Item`, `Chunk`,
+`SampledItem`), so the remote transport only adds encoding.
+
+>>> import replay_tf as reverb
+>>> server = reverb.Server([reverb.Table.queue('q', 10)])
+>>> client = reverb.Client(f'localhost:{server.port}')
+>>> client.insert([1.0, 2], priorities={'q': 1.0})
+>>> [sample] = next(client.sample('q'))
+>>> [float(x) for x in sample.data]
+[1.0, 2.0]
+>>> server.stop()
+"""
+from __future__ import annotations
+
+import collections
+import datetime
+import random
+import time
+from typing import Any, Dict, Iterator, List, Optional, Protocol
+
+import numpy as np
+import tree
+
+from replay_tf import errors
+from replay_tf import server as server_lib
+from replay_tf.core.chunk_store import Chunk, ChunkSlice, Column, Item, SequenceRange
+
+
+def new_key() -> int:
+    """A random uint64 key (items, chunks, episode ids), as Reverb's writers draw them."""
+    return random.getrandbits(64)
+
+
+class InsertStream(Protocol):
+    """Where a writer sends items. Items carry their chunks (`item.chunks`)."""
+
+    #: Whether items may refer to rows of chunks that are still growing (in-process only). When False, a
+    #: writer sends an item only once every chunk it refers to is finalized (no more rows appended).
+    supports_open_chunks: bool
+
+    def send(self, table: str, item: Item) -> None:
+        """Queues `item` for insertion into `table` without blocking on the rate limiter."""
+
+    def flush(self, block_until_num_items: int, timeout_ms: Optional[int]) -> None:
+        """Blocks until at most `block_until_num_items` sent items are unconfirmed; raises
+        `DeadlineExceededError` when `timeout_ms` runs out (the inserts carry on)."""
+
+    def num_pending(self) -> int:
+        """Sent items not yet confirmed."""
+
+    def close(self) -> None:
+        """Releases the stream (after a flush by the caller)."""
+
+
+class SampleStream(Protocol):
+    def next_batch(self) -> list:
+        """A flexible batch (>= 1) of `SampledItem`s; raises `DeadlineExceededError` on a rate-limiter
+        timeout and `ValueError` for an unknown table."""
+
+    def close(self) -> None:
+        """Releases the stream."""
+
+
+class Transport(Protocol):
+    """What a `Client` needs from a server connection."""
+
+    def open_insert_stream(self) -> InsertStream: ...
+
+    def open_sample_stream(self, table: str, num_samples_per_request: int,
+                           rate_limiter_timeout_ms: Optional[int], *,
+                           max_samples_per_stream: Optional[int] = None) -> SampleStream: ...
+
+    def mutate_priorities(self, table: str, updates: list, deletes: list) -> None: ...
+
+    def reset(self, table: str) -> None: ...
+
+    def server_info(self, timeout_s: Optional[float]) -> Dict[str, Any]: ...
+
+    def checkpoint(self) -> str: ...
+
+
+# --- the in-process transport ---
+
+class _InProcessInsertStream:
+    """Inserts straight into the tables; items the rate limiter refuses wait here until `flush`."""
+
+    supports_open_chunks = True
+
+    def __init__(self, server: server_lib.Server):
+        self._server = server
+        self._pending: collections.deque = collections.deque()
+
+    def send(self, table: str, item: Item) -> None:
+        target = self._server.table(table)
+        self._pending.append((target, item))
+        self._drain(0, deadline=time.monotonic())
+
+    def _drain(self, block_until_num_items: int, deadline: Optional[float]) -> bool:
+        """Inserts pending items in order until at most `block_until_num_items` remain; False on timeout.
+
+        `deadline` is a `time.monotonic()` value, or None to wait as long as it takes.
+        """
+        pending = self._pending
+        while len(pending) > block_until_num_items:
+            table, item = pending[0]
+            timeout_ms = None if deadline is None else max(0.0, deadline - time.monotonic()) * 1000.0
+            try:
+                table.insert_or_assign(item, timeout_ms=timeout_ms)
+            except errors.DeadlineExceededError:
+                return False
+            pending.popleft()
+        return True
+
+    def flush(self, block_until_num_items: int = 0, timeout_ms: Optional[int] = None) -> None:
+        deadline = None if timeout_ms is None or timeout_ms < 0 else time.monotonic() + timeout_ms / 1000.0
+        if not self._drain(block_until_num_items, deadline):
+            raise errors.DeadlineExceededError(
+                f"Flush call did not complete within provided timeout of "
+                f"{datetime.timedelta(milliseconds=timeout_ms)}")
+
+    def num_pending(self) -> int:
+        return len(self._pending)
+
+    def close(self) -> None:
+        self._pending.clear()
+
+
+class _InProcessSampleStream:
+    def __init__(self, server: server_lib.Server, table: str, num_samples_per_request: int,
+                 rate_limiter_timeout_ms: Optional[int]):
+        self._table = server.table(table)
+        self._num_samples = num_samples_per_request
+        self._timeout_ms = rate_limiter_timeout_ms
+
+    def next_batch(self) -> list:
+        return self._table.sample(self._num_samples, timeout_ms=self._timeout_ms)
+
+    def close(self) -> None:
+        pass
+
+
+class InProcessTransport:
+    """Calls the tables of a `Server` in this process directly."""
+
+    def __init__(self, server: server_lib.Server):
+        self.server = server
+
+    def open_insert_stream(self) -> _InProcessInsertStream:
+        return _InProcessInsertStream(self.server)
+
+    def open_sample_stream(self, table: str, num_samples_per_request: int,
+                           rate_limiter_timeout_ms: Optional[int], *,
+                           max_samples_per_stream: Optional[int] = None) -> _InProcessSampleStream:
+        del max_samples_per_stream  # streams are only re-opened to balance remote servers
+        return _InProcessSampleStream(self.server, table, num_samples_per_request, rate_limiter_timeout_ms)
+
+    def mutate_priorities(self, table: str, updates: list, deletes: list) -> None:
+        self.server.table(table).mutate_items(updates, deletes)
+
+    def reset(self, table: str) -> None:
+        self.server.table(table).reset()
+
+    def server_info(self, timeout_s: Optional[float] = None) -> Dict[str, Any]:
+        return {name: table.info for name, table in self.server.tables.items()}
+
+    def checkpoint(self) -> str:
+        return self.server.checkpoint()
+
+
+def make_transport(server_address: str) -> Transport:
+    """In-process when a local `Server` owns `server_address`, else the remote (gRPC) transport."""
+    local = server_lib.find_local_server(server_address)
+    if local is not None and not local.stopped:
+        return InProcessTransport(local)
+    try:
+        from replay_tf import _grpc_transport  # noqa: PLC0415  (gRPC only for remote servers)
+    except ImportError as e:
+        raise ValueError(f"no Server of this process serves {server_address!r} and the remote transport "
+                         f"(replay_tf._grpc_transport) is unavailable: {e}") from e
+    return _grpc_transport.Transport(server_address)
+
+
+# --- the client ---
+
+class Client:
+    """Reverb's `reverb.Client`: insert, sample, mutate and inspect tables of a server.
+
+    Args:
+      server_address: `host:port` of the server, e.g. `f'localhost:{server.port}'`.
+    """
+
+    def __init__(self, server_address: str):
+        self._server_address = server_address
+        self._transport = make_transport(server_address)
+        self._signature_cache: Dict[str, Any] = {}
+
+    def __reduce__(self):
+        return Client, (self._server_address,)
+
+    def __repr__(self) -> str:
+        return f"Client(server_address={self._server_address!r})"
+
+    @property
+    def server_address(self) -> str:
+        return self._server_address
+
+    @property
+    def transport(self) -> Transport:
+        return self._transport
+
+    def insert(self, data: Any, priorities: Dict[str, float]) -> None:
+        """Inserts `data` (one step) as a length-1 item into every table of `priorities`; blocks until done."""
+        if not priorities:
+            raise ValueError("priorities must contain at least one item")
+        flat = [np.asarray(leaf) for leaf in tree.flatten(data)]
+        if not flat:
+            raise ValueError(f"data must have at least one leaf, got {data!r}")
+        # Like Reverb's legacy writer: one chunk holding one length-1 tensor per leaf.
+        chunk = Chunk(new_key(), [leaf[np.newaxis] for leaf in flat], SequenceRange(new_key(), 0, 0))
+        trajectory = tuple(Column((ChunkSlice(chunk.key, 0, 1, i),), False) for i in range(len(flat)))
+        stream = self._transport.open_insert_stream()
+        try:
+            for table, priority in priorities.items():
+                stream.send(table, Item(new_key(), priority, trajectory, [chunk]))
+            stream.flush(0, None)
+        finally:
+            stream.close()
+
+    def sample(self, table: str, num_samples: int = 1, *, emit_timesteps: bool = True,
+               unpack_as_table_signature: bool = False) -> Iterator:
+        """Yields `num_samples` samples of `table` (blocking on its rate limiter).
+
+        Yields lists of per-timestep `ReplaySample`s when `emit_timesteps`, else one `ReplaySample` whose
+        data is flat, or shaped like the table signature when `unpack_as_table_signature`.
+        """
+        from replay_tf.trajectory_dataset import ReplaySample, SampleInfo  # noqa: PLC0415  (imports TF)
+
+        signature = self._get_signature_for_table(table) if unpack_as_table_signature else None
+        unflatten = (lambda x: tree.unflatten_as(signature, x)) if signature else (lambda x: x)
+        stream = self._transport.open_sample_stream(table, 1, None)
+        try:
+            for _ in range(num_samples):
+                [sampled] = stream.next_batch()
+                info = SampleInfo(key=sampled.item.key, probability=float(sampled.probability),
+                                  table_size=int(sampled.table_size), priority=float(sampled.priority),
+                                  times_sampled=int(sampled.times_sampled))
+                data = [np.array(column) for column in sampled.item.column_arrays()]
+                if emit_timesteps:
+                    if len({len(col) if np.ndim(col) else -1 for col in data}) != 1 or np.ndim(data[0]) == 0:
+                        raise ValueError("Can't split non timestep trajectory into timesteps.")
+                    yield [ReplaySample(info=info, data=unflatten([np.asarray(col[i], col.dtype) for col in data]))
+                           for i in range(data[0].shape[0])]
+                else:
+                    yield ReplaySample(info, unflatten(data))
+        finally:
+            stream.close()
+
+    def mutate_priorities(self, table: str, updates: Optional[Dict[int, float]] = None,
+                          deletes: Optional[List[int]] = None) -> None:
+        """Deletes `deletes` keys, then updates priorities (unknown keys are ignored)."""
+        self._transport.mutate_priorities(table, list((updates or {}).items()), list(deletes or ()))
+
+    def reset(self, table: str) -> None:
+        """Deletes every item of `table` and resets its rate limiter."""
+        self._transport.reset(table)
+
+    def server_info(self, timeout: Optional[int] = None) -> Dict[str, Any]:
+        """Table name -> `TableInfo`; `timeout` (seconds, None or 0 waits) raises `DeadlineExceededError`."""
+        info = self._transport.server_info(timeout or None)
+        self._signature_cache = {name: table_info.signature for name, table_info in info.items()}
+        return info
+
+    def checkpoint(self) -> str:
+        """Checkpoints the server; returns the checkpoint's path."""
+        return self._transport.checkpoint()
+
+    def trajectory_writer(self, num_keep_alive_refs: int, *, validate_items: bool = True):
+        """A `TrajectoryWriter` keeping the last `num_keep_alive_refs` steps of each column referable."""
+        from replay_tf.trajectory_writer import TrajectoryWriter  # noqa: PLC0415
+
+        if num_keep_alive_refs < 1:
+            raise ValueError(f"num_keep_alive_refs ({num_keep_alive_refs}) must be a positive integer")
+        signatures = self.server_info() if validate_items else None
+        return TrajectoryWriter(self._transport.open_insert_stream(), num_keep_alive_refs=num_keep_alive_refs,
+                                table_infos=signatures)
+
+    def structured_writer(self, configs):
+        """A `StructuredWriter` applying the pattern `configs` to every appended step."""
+        from replay_tf.structured_writer import StructuredWriter  # noqa: PLC0415
+
+        if not configs:
+            raise ValueError("At least one config must be provided.")
+        return StructuredWriter(self._transport.open_insert_stream(), configs)
+
+    def _get_signature_for_table(self, table: str):
+        if table not in self._signature_cache:
+            self.server_info()
+        if table not in self._signature_cache:
+            raise ValueError(f"Could not find table '{table}'. Available tables: {sorted(self._signature_cache)}")
+        return self._signature_cache[table]

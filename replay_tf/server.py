@@ -1,0 +1,191 @@
+"""`Server`: owns tables and serves them in-process (and, when `replay_tf.service` exists, over gRPC).
+
+A server registers itself under `localhost:<port>` (and the loopback aliases) so that a `Client` created in
+the same process talks to its tables directly, with no serialization. The gRPC listener is started by the
+`_start_service` hook; it binds to localhost unless `host` is given (Reverb binds every interface).
+
+>>> import replay_tf as reverb
+>>> server = reverb.Server([reverb.Table.queue('q', 10)])
+>>> client = reverb.Client(f'localhost:{server.port}')
+>>> sorted(client.server_info())
+['q']
+>>> server.stop()
+"""
+from __future__ import annotations
+
+import importlib.util
+import random
+import signal
+import socket
+import threading
+import weakref
+from typing import Optional, Sequence
+
+from replay_tf.core.chunk_store import ChunkStore
+from replay_tf.core.table import Table
+
+_LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1", "[::1]", "0.0.0.0", "[::]", "")
+
+_registry_lock = threading.Lock()
+_registry: "weakref.WeakValueDictionary[int, Server]" = weakref.WeakValueDictionary()
+
+
+def _split_address(address: str) -> tuple:
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"server_address ({address!r}) must look like 'host:port', e.g. 'localhost:8000'")
+    return host.lower(), int(port)
+
+
+def find_local_server(address: str) -> Optional["Server"]:
+    """The running `Server` of this process that owns `address` (a loopback host and its port), if any."""
+    host, port = _split_address(address)
+    if host not in _LOOPBACK_HOSTS:
+        return None
+    with _registry_lock:
+        return _registry.get(port)
+
+
+def _pick_unused_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("localhost", 0))
+        return sock.getsockname()[1]
+
+
+class Server:
+    """Reverb's `reverb.Server`: a set of uniquely named tables reachable at `localhost:<port>`.
+
+    Args:
+      tables: At least one `Table`, with unique names.
+      port: Port to serve on; `None` picks an unused one.
+      checkpointer: Optional checkpointer with `save(server) -> str` and `load_latest(server) -> bool`
+        (called at construction to restore the newest checkpoint).
+      host: Interface the network listener binds to (keyword-only; default localhost).
+    """
+
+    def __init__(self, tables: Sequence[Table], port: Optional[int] = None, checkpointer=None, *,
+                 host: str = "localhost"):
+        tables = list(tables or ())
+        if not tables:
+            raise ValueError("At least one table must be provided")
+        names = [t.name for t in tables]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"Multiple items in tables have the same name: {', '.join(duplicates)}")
+        for table in tables:
+            if not isinstance(table, Table):
+                raise TypeError(f"tables must be replay_tf.Table objects, got {table!r}")
+        self._tables = {t.name: t for t in tables}
+        self._host = host
+        self._port = _pick_unused_port() if port is None else int(port)
+        self._checkpointer = checkpointer
+        self.chunk_store = ChunkStore()
+        # Reverb's ServerInfo carries a random 128-bit id fixed for the server's lifetime.
+        self.tables_state_id = random.getrandbits(128)
+        self._stopped = threading.Event()
+        if checkpointer is not None and hasattr(checkpointer, "load_latest"):
+            checkpointer.load_latest(self)
+        with _registry_lock:
+            other = _registry.get(self._port)
+            if other is not None and not other._stopped.is_set():
+                raise ValueError(f"port {self._port} is already served by another Server in this process")
+            _registry[self._port] = self
+        self._service = self._start_service()
+
+    def _start_service(self):
+        """Hook that starts the network listener (`replay_tf.service.start(server)`), when that module exists."""
+        if importlib.util.find_spec("replay_tf.service") is None:
+            return None
+        from replay_tf import service  # noqa: PLC0415  (the gRPC layer is optional for in-process use)
+        start = getattr(service, "start", None)
+        return start(self) if start is not None else None
+
+    @property
+    def port(self) -> int:
+        return self._port
+
+    @property
+    def host(self) -> str:
+        return self._host
+
+    @property
+    def address(self) -> str:
+        return f"localhost:{self._port}"
+
+    @property
+    def checkpointer(self):
+        return self._checkpointer
+
+    @property
+    def tables(self) -> dict:
+        """Table name -> `Table`."""
+        return dict(self._tables)
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped.is_set()
+
+    def table(self, name: str) -> Table:
+        """The table called `name`; ValueError listing the tables otherwise."""
+        table = self._tables.get(name)
+        if table is None:
+            raise ValueError(f"Priority table {name} was not found. The server has tables: {sorted(self._tables)}")
+        return table
+
+    def checkpoint(self) -> str:
+        """Writes a checkpoint with the server's checkpointer and returns its path."""
+        if self._checkpointer is None:
+            raise ValueError("this server has no checkpointer: pass checkpointer=... to Server to checkpoint")
+        return self._checkpointer.save(self)
+
+    def localhost_client(self):
+        """A `Client` for this server."""
+        from replay_tf.client import Client  # noqa: PLC0415  (client imports server)
+        return Client(self.address)
+
+    def stop(self) -> None:
+        """Closes every table (blocked calls fail with `CancelledError`) and the network listener."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        for table in self._tables.values():
+            table.close()
+        if self._service is not None:
+            self._service.stop()
+        with _registry_lock:
+            if _registry.get(self._port) is self:
+                del _registry[self._port]
+
+    def wait(self) -> None:
+        """Blocks until `stop()`; raises KeyboardInterrupt when stopped by SIGINT (as Reverb does)."""
+        interrupted = []
+
+        def on_sigint(signum, frame):
+            interrupted.append(True)
+            self.stop()
+
+        previous = None
+        if threading.current_thread() is threading.main_thread():
+            previous = signal.signal(signal.SIGINT, on_sigint)
+        try:
+            self._stopped.wait()
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
+        if interrupted:
+            raise KeyboardInterrupt
+
+    def __enter__(self) -> "Server":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def __del__(self):
+        try:
+            self.stop()
+        except Exception:  # noqa: BLE001  (never raise from a finalizer)
+            pass
+
+    def __repr__(self) -> str:
+        return f"Server(port={self._port}, tables={sorted(self._tables)})"

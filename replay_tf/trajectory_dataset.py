@@ -1,0 +1,248 @@
+"""`TrajectoryDataset`: a `tf.data.Dataset` of `ReplaySample`s streamed from a table.
+
+Samples are fetched in flexible batches (up to `max_in_flight_samples_per_worker` per request), stacked per
+column with numpy and yielded as one element per batch; `.unbatch()` in the graph turns them back into
+single samples, so the Python cost is paid per batch, not per sample. A rate-limiter timeout
+(`rate_limiter_timeout_ms`) ends the iteration, as in Reverb.
+
+>>> import replay_tf as reverb, tensorflow as tf
+>>> server = reverb.Server([reverb.Table.queue('q', 10, signature=tf.TensorSpec([2], tf.float32))])
+>>> client = reverb.Client(f'localhost:{server.port}')
+>>> client.insert([1.0, 2.0], priorities={'q': 1.0})
+>>> dataset = reverb.TrajectoryDataset.from_table_signature(
+...     f'localhost:{server.port}', 'q', max_in_flight_samples_per_worker=2, rate_limiter_timeout_ms=100)
+>>> [s.data.numpy().tolist() for s in dataset]
+[[1.0, 2.0]]
+>>> server.stop()
+"""
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Optional
+
+import numpy as np
+import tensorflow as tf
+import tree
+from tensorflow.python.data.ops import dataset_ops
+
+from replay_tf import errors
+
+
+class SampleInfo(NamedTuple):
+    """What is known about a sampled item: key, probability, table_size, priority, times_sampled."""
+    key: Any
+    probability: Any
+    table_size: Any
+    priority: Any
+    times_sampled: Any
+
+    @classmethod
+    def tf_dtypes(cls) -> "SampleInfo":
+        """Dtypes of (key, probability, table_size, priority, times_sampled)."""
+        return cls(tf.uint64, tf.double, tf.int64, tf.double, tf.int32)
+
+    @classmethod
+    def tf_shapes(cls) -> "SampleInfo":
+        return cls(*[tf.TensorShape([]) for _ in cls.tf_dtypes()])
+
+    @classmethod
+    def zeros(cls) -> "SampleInfo":
+        """A SampleInfo with Python zero values for all fields."""
+        return cls(0, 0.0, 0, 0.0, 0)
+
+
+class ReplaySample(NamedTuple):
+    """A sample: `info` (`SampleInfo`) and `data` (structured like the table signature or the given dtypes)."""
+    info: SampleInfo
+    data: Any
+
+
+def _lists_to_tuples(structure: Any) -> Any:
+    if isinstance(structure, list):
+        return tuple(_lists_to_tuples(x) for x in structure)
+    if isinstance(structure, tuple) and hasattr(structure, "_fields"):
+        return type(structure)(*(_lists_to_tuples(x) for x in structure))
+    if isinstance(structure, tuple):
+        return tuple(_lists_to_tuples(x) for x in structure)
+    if isinstance(structure, dict):
+        return type(structure)((k, _lists_to_tuples(v)) for k, v in structure.items())
+    return structure
+
+
+def _numpy_dtype(dtype: tf.DType) -> np.dtype:
+    return np.dtype(object) if dtype == tf.string else np.dtype(dtype.as_numpy_dtype)
+
+
+def _info_arrays(batch: list) -> SampleInfo:
+    return SampleInfo(
+        key=np.array([s.item.key for s in batch], dtype=np.uint64),
+        probability=np.array([s.probability for s in batch], dtype=np.float64),
+        table_size=np.array([s.table_size for s in batch], dtype=np.int64),
+        priority=np.array([s.priority for s in batch], dtype=np.float64),
+        times_sampled=np.array([s.times_sampled for s in batch], dtype=np.int32))
+
+
+class TrajectoryDataset(dataset_ops.DatasetV2):
+    """Reverb's `reverb.TrajectoryDataset`: samples of `table` as `ReplaySample(info, data)`.
+
+    Args:
+      server_address: `host:port` of the server.
+      table: Table to sample from.
+      dtypes: Nest of `tf.DType`s of the item's columns (lists become tuples).
+      shapes: Nest of `tf.TensorShape`s, same structure as `dtypes`.
+      max_in_flight_samples_per_worker: Samples requested per request (2-3x the batch size is a good value).
+      num_workers_per_iterator: -1 or >= 1 (accepted; this implementation uses one worker per iterator).
+      max_samples_per_stream: -1 or >= 1; passed to remote transports, which re-open streams after it.
+      rate_limiter_timeout_ms: -1 waits forever; otherwise a rate-limiter wait longer than this ends the
+        iteration (0 ends it as soon as sampling would block).
+      max_samples: -1 for no limit, else the iteration ends after this many samples.
+    """
+
+    def __init__(self, server_address: str, table: str, dtypes: Any, shapes: Any,
+                 max_in_flight_samples_per_worker: int, num_workers_per_iterator: int = -1,
+                 max_samples_per_stream: int = -1, rate_limiter_timeout_ms: int = -1, max_samples: int = -1):
+        if max_in_flight_samples_per_worker < 1:
+            raise ValueError(f"max_in_flight_samples_per_worker ({max_in_flight_samples_per_worker}) must be a "
+                             f"positive integer")
+        if num_workers_per_iterator < 1 and num_workers_per_iterator != -1:
+            raise ValueError(f"num_workers_per_iterator ({num_workers_per_iterator}) must be a positive integer "
+                             f"or -1")
+        if max_samples_per_stream < 1 and max_samples_per_stream != -1:
+            raise ValueError(f"max_samples_per_stream ({max_samples_per_stream}) must be a positive integer or -1")
+        if rate_limiter_timeout_ms < -1:
+            raise ValueError(f"rate_limiter_timeout_ms ({rate_limiter_timeout_ms}) must be an integer >= -1")
+        if max_samples < 1 and max_samples != -1:
+            raise ValueError(f"max_samples ({max_samples}) must be a positive integer or -1")
+        dtypes = _lists_to_tuples(dtypes)
+        shapes = _lists_to_tuples(shapes)
+        try:
+            tree.assert_same_structure(dtypes, shapes, check_types=False)
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"dtypes and shapes must have the same structure: {e}") from e
+        self._server_address = server_address
+        self._table = table
+        self._data_structure = dtypes
+        self._column_dtypes = [tf.as_dtype(d) for d in tree.flatten(dtypes)]
+        self._column_shapes = [tf.TensorShape(s) for s in tree.flatten(shapes)]
+        self._column_paths = ["/".join(str(p) for p in path) or "<root>" for path, _ in tree.flatten_with_path(dtypes)]
+        self._max_in_flight = max_in_flight_samples_per_worker
+        self._max_samples_per_stream = None if max_samples_per_stream == -1 else max_samples_per_stream
+        self._timeout_ms = None if rate_limiter_timeout_ms == -1 else rate_limiter_timeout_ms
+        self._max_samples = None if max_samples == -1 else max_samples
+        self._validate_against_signature()
+        self._dataset = self._build()
+        super().__init__(self._dataset._variant_tensor)
+
+    @classmethod
+    def from_table_signature(cls, server_address: str, table: str, max_in_flight_samples_per_worker: int,
+                             num_workers_per_iterator: int = -1, max_samples_per_stream: int = -1,
+                             rate_limiter_timeout_ms: int = -1, get_signature_timeout_secs: Optional[int] = None,
+                             max_samples: int = -1) -> "TrajectoryDataset":
+        """A dataset whose dtypes and shapes come from the table's signature."""
+        from replay_tf.client import Client  # noqa: PLC0415
+
+        info = Client(server_address).server_info(get_signature_timeout_secs)
+        if table not in info:
+            raise ValueError(f"Server at {server_address} does not contain any table named {table}. Found: "
+                             f"{', '.join(sorted(info.keys()))}.")
+        if not info[table].signature:
+            raise ValueError(f"Table {table} at {server_address} does not have a signature.")
+        signature = info[table].signature
+        return cls(server_address=server_address, table=table,
+                   shapes=tree.map_structure(lambda x: x.shape, signature),
+                   dtypes=tree.map_structure(lambda x: x.dtype, signature),
+                   max_in_flight_samples_per_worker=max_in_flight_samples_per_worker,
+                   num_workers_per_iterator=num_workers_per_iterator,
+                   max_samples_per_stream=max_samples_per_stream,
+                   rate_limiter_timeout_ms=rate_limiter_timeout_ms, max_samples=max_samples)
+
+    @property
+    def element_spec(self):
+        return self._dataset.element_spec
+
+    def _inputs(self):
+        return []
+
+    def _validate_against_signature(self) -> None:
+        """ValueError when the table has a signature that the requested dtypes/shapes contradict."""
+        from replay_tf.client import InProcessTransport, make_transport  # noqa: PLC0415
+
+        transport = make_transport(self._server_address)
+        if not isinstance(transport, InProcessTransport):
+            return  # remote servers are checked batch by batch while sampling
+        info = transport.server_info(None)
+        if self._table not in info:
+            raise ValueError(f"Server at {self._server_address} does not contain any table named {self._table}. "
+                             f"Found: {', '.join(sorted(info))}.")
+        signature = info[self._table].signature
+        if signature is None:
+            return
+        flat = tree.flatten(signature)
+        if len(flat) != len(self._column_dtypes):
+            raise ValueError(f"Inconsistent number of tensors requested from table '{self._table}'. Requested "
+                             f"{len(self._column_dtypes)} tensors ({self._column_paths}), but table signature shows "
+                             f"{len(flat)} tensors: {signature}")
+        for path, dtype, shape, spec in zip(self._column_paths, self._column_dtypes, self._column_shapes, flat):
+            if dtype != spec.dtype or not shape.is_compatible_with(spec.shape):
+                raise ValueError(f"Requested incompatible tensor at '{path}' from table '{self._table}': "
+                                 f"requested dtype={dtype.name} shape={shape}, but the table signature has "
+                                 f"{spec}")
+
+    def _build(self) -> tf.data.Dataset:
+        batch_specs = ReplaySample(
+            info=SampleInfo(*[tf.TensorSpec([None], d) for d in SampleInfo.tf_dtypes()]),
+            data=tree.unflatten_as(self._data_structure, [
+                tf.TensorSpec([None, *s.as_list()] if s.rank is not None else None, d)
+                for d, s in zip(self._column_dtypes, self._column_shapes)]))
+        dataset = tf.data.Dataset.from_generator(self._generate_batches, output_signature=batch_specs)
+        return dataset.unbatch()
+
+    def _check_columns(self, columns: list) -> None:
+        if len(columns) != len(self._column_dtypes):
+            raise ValueError(f"Table '{self._table}' returned an item with {len(columns)} columns but the dataset "
+                             f"expects {len(self._column_dtypes)} ({self._column_paths})")
+        for path, dtype, shape, column in zip(self._column_paths, self._column_dtypes, self._column_shapes, columns):
+            if column.dtype != _numpy_dtype(dtype) or not shape.is_compatible_with(column.shape):
+                raise ValueError(f"Table '{self._table}' returned an item whose column '{path}' has "
+                                 f"dtype={column.dtype.name} shape={list(column.shape)}, but the dataset expects "
+                                 f"dtype={dtype.name} shape={shape}")
+
+    def _generate_batches(self):
+        """Yields one `ReplaySample` of stacked arrays per flexible batch of samples."""
+        from replay_tf.client import make_transport  # noqa: PLC0415
+
+        transport = make_transport(self._server_address)
+        stream = transport.open_sample_stream(self._table, self._max_in_flight, self._timeout_ms,
+                                              max_samples_per_stream=self._max_samples_per_stream)
+        remaining = self._max_samples
+        fully_defined = all(s.is_fully_defined() for s in self._column_shapes)
+        num_columns = len(self._column_dtypes)
+        try:
+            while remaining is None or remaining > 0:
+                try:
+                    batch = stream.next_batch()
+                except errors.DeadlineExceededError:
+                    return  # a rate-limiter timeout ends the iteration, as in Reverb
+                if remaining is not None:
+                    batch = batch[:remaining]
+                    remaining -= len(batch)
+                per_item = [s.item.column_arrays() for s in batch]
+                self._check_columns(per_item[0])
+                if fully_defined:
+                    try:
+                        data = [np.stack([cols[i] for cols in per_item]) for i in range(num_columns)]
+                    except ValueError:  # some item has other shapes: the per-item check names it
+                        for cols in per_item:
+                            self._check_columns(cols)
+                        raise
+                    for column, dtype in zip(data, self._column_dtypes):
+                        if column.dtype != _numpy_dtype(dtype):  # items of mixed dtypes were upcast by stack
+                            for cols in per_item:
+                                self._check_columns(cols)
+                    yield ReplaySample(_info_arrays(batch), tree.unflatten_as(self._data_structure, data))
+                else:  # variable shapes cannot be stacked: one sample per element
+                    for sampled, cols in zip(batch, per_item):
+                        self._check_columns(cols)
+                        yield ReplaySample(_info_arrays([sampled]), tree.unflatten_as(
+                            self._data_structure, [c[np.newaxis] for c in cols]))
+        finally:
+            stream.close()

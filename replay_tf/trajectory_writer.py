@@ -1,0 +1,583 @@
+"""`TrajectoryWriter`: Reverb's column-wise writer. Steps go into per-column chunks; items reference them.
+
+Every leaf path of the appended data is a *column* with its own chunker: a `Chunk` holding one tensor whose
+rows are that column's consecutive steps in the episode. The column's dtype and shape are fixed by its first
+value. `history[path]` keeps references to the last `num_keep_alive_refs` values of each column (older ones
+read as `None`, which `TrajectoryColumn` rejects: "expired"). `create_item` turns columns of references into
+a flat trajectory of chunk slices (adjacent rows of one chunk merged into one slice).
+
+With the in-process transport, chunks are *open*: rows are appended in place and items are inserted at
+once, referring to rows already written. With a remote transport (`supports_open_chunks=False`), a chunk is
+finalized when it reaches `max_chunk_length` rows, at `end_episode`, or when `flush` needs it, and items are
+sent once every chunk they use is final, as Reverb's writer does.
+
+>>> import replay_tf as reverb
+>>> server = reverb.Server([reverb.Table.queue('q', 10)])
+>>> client = reverb.Client(f'localhost:{server.port}')
+>>> with client.trajectory_writer(num_keep_alive_refs=2) as writer:
+...   writer.append({'x': 1.0})
+...   writer.append({'x': 2.0})
+...   writer.create_item('q', priority=1.0, trajectory={'x': writer.history['x'][-2:]})
+>>> next(client.sample('q', emit_timesteps=False)).data[0].tolist()
+[1.0, 2.0]
+>>> server.stop()
+"""
+from __future__ import annotations
+
+import collections
+import datetime
+import itertools
+import math
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import tree
+
+from replay_tf import errors
+from replay_tf.core.chunk_store import Chunk, ChunkSlice, Column, Item, SequenceRange
+from replay_tf.core.table import _shape_compatible, _signature_entries
+
+# In-process chunks: at most this many bytes (and rows) per chunk, so long items are mostly one slice.
+_OPEN_CHUNK_MAX_BYTES = 4 << 20
+_OPEN_CHUNK_MAX_ROWS = 1024
+
+
+def _new_key() -> int:
+    from replay_tf.client import new_key  # noqa: PLC0415  (client imports this module lazily)
+    return new_key()
+
+
+def to_array(value: Any) -> np.ndarray:
+    """A leaf as a numpy array (tensors converted; str/bytes as object arrays, as TF strings)."""
+    array = np.asarray(value)
+    if array.dtype.kind in "US":
+        array = array.astype(object)
+    return array
+
+
+class _CellRef:
+    """A reference to one step of one column: row `row` of `chunk`."""
+
+    __slots__ = ("column", "chunk", "row", "seq")
+
+    def __init__(self, column: "_ColumnChunker", chunk: Chunk, row: int, seq: int):
+        self.column = column
+        self.chunk = chunk
+        self.row = row
+        self.seq = seq
+
+    @property
+    def expired(self) -> bool:
+        return self.column.appended - self.seq > self.column.num_keep_alive_refs
+
+    @property
+    def shape(self) -> tuple:
+        return self.column.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.column.dtype
+
+    def numpy(self) -> np.ndarray:
+        return np.array(self.chunk.tensors[0][self.row])
+
+    def __repr__(self) -> str:
+        return f"CellRef(column={self.column.path}, step={self.seq}, expired={self.expired})"
+
+
+class _ColumnChunker:
+    """Appends one column's values to its current chunk and hands out references to them."""
+
+    def __init__(self, path: str, first_value: np.ndarray, num_keep_alive_refs: int,
+                 max_chunk_length: Optional[int], open_chunks: bool):
+        self.path = path
+        self.dtype = first_value.dtype
+        self.shape = tuple(first_value.shape)
+        self.num_keep_alive_refs = num_keep_alive_refs
+        self.open_chunks = open_chunks
+        self.max_chunk_length = self._chunk_length(max_chunk_length)
+        self.appended = 0          # values appended so far (the next value's `seq`)
+        self.chunk: Optional[Chunk] = None
+        self._array: Optional[np.ndarray] = None
+        self._rows = 0
+        self._start_step = 0
+        self._last_step = -1
+        self._sparse = False
+
+    def _chunk_length(self, max_chunk_length: Optional[int]) -> int:
+        if max_chunk_length is not None:
+            return max_chunk_length
+        if not self.open_chunks:
+            return self.num_keep_alive_refs  # Reverb's auto-tuned chunk length is capped here
+        row_bytes = max(1, int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize)
+        return int(min(_OPEN_CHUNK_MAX_ROWS, max(self.num_keep_alive_refs, _OPEN_CHUNK_MAX_BYTES // row_bytes)))
+
+    def configure(self, num_keep_alive_refs: int, max_chunk_length: Optional[int]) -> None:
+        self.finalize()
+        self.num_keep_alive_refs = num_keep_alive_refs
+        self.max_chunk_length = self._chunk_length(max_chunk_length)
+
+    def check(self, value: np.ndarray) -> None:
+        if value.dtype != self.dtype:
+            raise ValueError(f"Tensor of wrong dtype provided for column {self.path}. Got {value.dtype.name} but "
+                             f"expected {self.dtype.name}.")
+        if value.shape != self.shape:
+            raise ValueError(f"Tensor of incompatible shape provided for column {self.path}. Got "
+                             f"{list(value.shape)} which is incompatible with {list(self.shape)}.")
+
+    def append(self, value: np.ndarray, episode_id: int, step: int) -> _CellRef:
+        if self.chunk is None:
+            # np.empty of a large block is lazily backed by the OS, so unused rows cost no memory.
+            self._array = np.empty((self.max_chunk_length, *self.shape), dtype=self.dtype)
+            self._rows = 0
+            self._start_step = step
+            self._sparse = False
+            self.chunk = Chunk(_new_key(), [self._array], SequenceRange(episode_id, step, step))
+        elif step != self._last_step + 1:
+            self._sparse = True  # the column skipped steps: the chunk's rows are not contiguous steps
+        chunk, row = self.chunk, self._rows
+        self._array[row] = value
+        self._rows = row + 1
+        self._last_step = step
+        chunk.sequence_range = SequenceRange(episode_id, self._start_step, step, self._sparse)
+        ref = _CellRef(self, chunk, row, self.appended)
+        self.appended += 1
+        if self._rows == self.max_chunk_length:
+            self.finalize()
+        return ref
+
+    def finalize(self) -> Optional[Chunk]:
+        """Closes the current chunk (trimming unused rows); returns it, or None if there was none."""
+        chunk = self.chunk
+        if chunk is None:
+            return None
+        if self._rows < len(self._array):
+            chunk.tensors = [self._array[:self._rows].copy()]
+        self.chunk = None
+        self._array = None
+        return chunk
+
+
+class _ColumnHistory:
+    """The last `buffer_size` references of a column, indexed as if the whole history were kept."""
+
+    def __init__(self, path: tuple, buffer_size: int, history_padding: int = 0):
+        self._path = path
+        self._buffer_size = buffer_size
+        self._refs: list = [None] * min(buffer_size, history_padding)
+        self._offset = history_padding - len(self._refs)  # positions before `_refs[0]` (all expired)
+
+    def path(self) -> tuple:
+        return self._path
+
+    def append(self, ref: Optional[_CellRef]) -> None:
+        self._refs.append(ref)
+        if len(self._refs) > self._buffer_size:
+            del self._refs[0]
+            self._offset += 1
+
+    def set_last(self, ref: _CellRef) -> None:
+        self._refs[-1] = ref
+
+    @property
+    def can_set_last(self) -> bool:
+        return bool(self._refs) and self._refs[-1] is None
+
+    def reset(self) -> None:
+        self._refs = []
+        self._offset = 0
+
+    def set_buffer_size(self, buffer_size: int) -> None:
+        self._buffer_size = buffer_size
+        while len(self._refs) > buffer_size:
+            del self._refs[0]
+            self._offset += 1
+
+    def _get(self, index: int) -> Optional[_CellRef]:
+        """Position `index` (0 <= index < len) or None if it dropped out of the buffer."""
+        return None if index < self._offset else self._refs[index - self._offset]
+
+    def _normalize(self, index: int) -> int:
+        n = len(self)
+        if index < -n or index >= n:
+            raise IndexError(f"history index {index} is out of range for column {self._path} of length {n}")
+        return index + n if index < 0 else index
+
+    def __len__(self) -> int:
+        return len(self._refs) + self._offset
+
+    def __iter__(self) -> Iterator[Optional[_CellRef]]:
+        yield from itertools.repeat(None, self._offset)
+        yield from self._refs
+
+    def __getitem__(self, val) -> "TrajectoryColumn":
+        path = self._path + (val,) if not isinstance(val, list) else self._path + (tuple(val),)
+        if isinstance(val, (int, np.integer)):
+            return TrajectoryColumn([self._get(self._normalize(int(val)))], squeeze=True, path=path)
+        if isinstance(val, slice):
+            return TrajectoryColumn([self._get(i) for i in range(*val.indices(len(self)))], path=path)
+        if isinstance(val, list):
+            return TrajectoryColumn([self._get(self._normalize(int(i))) for i in val], path=path)
+        raise TypeError(f"_ColumnHistory indices must be integers or slices, not {type(val)}")
+
+    def __repr__(self) -> str:
+        return f"_ColumnHistory(path={self._path}, length={len(self)})"
+
+
+class TrajectoryColumn:
+    """A column of an item: references to steps of one writer column, optionally squeezed."""
+
+    def __init__(self, data_references: Sequence[_CellRef], *, squeeze: bool = False,
+                 path: Optional[Tuple[Union[str, int, slice], ...]] = None):
+        if squeeze and len(data_references) != 1:
+            raise ValueError(f"Columns must contain exactly one data reference when squeeze set, got "
+                             f"{len(data_references)}")
+        if any(ref is None for ref in data_references):
+            raise ValueError(f"TrajectoryColumns cannot contain any None data references: TrajectoryColumn at "
+                             f"path {path} got {list(data_references)} (a None is a step where the column was "
+                             f"not set, or older than num_keep_alive_refs)")
+        self._data_references = tuple(data_references)
+        self.is_squeezed = squeeze
+        self._path = path
+
+    def __len__(self) -> int:
+        return len(self._data_references)
+
+    def __iter__(self) -> Iterator[_CellRef]:
+        return iter(self._data_references)
+
+    def __getitem__(self, val) -> "TrajectoryColumn":
+        if isinstance(val, (int, np.integer)):
+            return TrajectoryColumn([self._data_references[val]], squeeze=True)
+        if isinstance(val, slice):
+            return TrajectoryColumn(self._data_references[val])
+        if isinstance(val, list):
+            return TrajectoryColumn([self._data_references[x] for x in val])
+        raise TypeError(f"TrajectoryColumn indices must be integers or slices, not {type(val)}")
+
+    @property
+    def shape(self) -> tuple:
+        if self.is_squeezed:
+            return tuple(self._data_references[0].shape)
+        return (len(self._data_references), *self._data_references[0].shape)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._data_references[0].dtype
+
+    def numpy(self) -> np.ndarray:
+        """The referenced data, stacked (or the single value when squeezed)."""
+        if any(ref.expired for ref in self._data_references):
+            raise RuntimeError(f"Cannot create numpy array for TrajectoryColumn at path {self._path}: it "
+                               f"references expired data (older than num_keep_alive_refs)")
+        if self.is_squeezed:
+            return self._data_references[0].numpy()
+        return np.stack([ref.numpy() for ref in self._data_references])
+
+    def __repr__(self) -> str:
+        return f"TrajectoryColumn(path={self._path}, length={len(self)}, squeeze={self.is_squeezed})"
+
+
+def _tree_union(a: Any, b: Any) -> Any:
+    """The union of two structures of `None` leaves (new dict keys and longer sequences added)."""
+    if a is None:
+        return b
+    if b is None:
+        return a
+    if isinstance(a, dict) and isinstance(b, dict):
+        merged = dict(a)
+        for key, value in b.items():
+            merged[key] = _tree_union(a.get(key), value)
+        return type(a)(merged) if not isinstance(a, collections.OrderedDict) else collections.OrderedDict(merged)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        longer, shorter = (a, b) if len(a) >= len(b) else (b, a)
+        values = [_tree_union(x, y) for x, y in itertools.zip_longest(longer, shorter)]
+        if hasattr(longer, "_fields"):
+            return type(longer)(*values)
+        return type(longer)(values)
+    raise ValueError(f"Cannot merge the appended structure {b} into the earlier structure {a}")
+
+
+def _path_str(path: tuple) -> str:
+    return "".join(f"[{p!r}]" for p in path) if path else "<root>"
+
+
+class TrajectoryWriter:
+    """Reverb's `TrajectoryWriter` (create with `Client.trajectory_writer`).
+
+    Args:
+      stream: An insert stream of the client's transport (`replay_tf.client.InsertStream`).
+      num_keep_alive_refs: How many recent steps of each column items may refer to.
+      table_infos: Table name -> `TableInfo` used to validate items (None: no validation).
+    """
+
+    def __init__(self, stream, *, num_keep_alive_refs: int, table_infos: Optional[Dict[str, Any]] = None):
+        if num_keep_alive_refs < 1:
+            raise ValueError(f"num_keep_alive_refs ({num_keep_alive_refs}) must be a positive integer")
+        self._stream = stream
+        self._open_chunks = bool(getattr(stream, "supports_open_chunks", False))
+        self._num_keep_alive_refs = num_keep_alive_refs
+        self._table_infos = table_infos
+        self._signature_entries: Dict[str, Any] = {}
+        self._structure = None
+        self._path_to_index: Dict[tuple, int] = {}
+        self._paths: List[tuple] = []
+        self._chunkers: List[Optional[_ColumnChunker]] = []
+        self._column_history: List[_ColumnHistory] = []
+        self._column_config: Dict[tuple, Tuple[int, Optional[int]]] = {}
+        self._order_cache: Dict[tuple, list] = {}
+        self._history_cache = None
+        self._last_step_is_open = False
+        self._episode_id = _new_key()
+        self._episode_steps = 0
+        self._unsent: collections.deque = collections.deque()  # (table, item) waiting for final chunks
+        self._closed = False
+
+    # --- context manager ---
+
+    def __enter__(self) -> "TrajectoryWriter":
+        return self
+
+    def __exit__(self, exc_type, exc_value, tb) -> None:
+        if exc_type is None or not issubclass(exc_type, errors.ReverbError):
+            self.flush()
+        self.close()
+
+    # --- properties ---
+
+    @property
+    def history(self):
+        """References to the recent data, structured like the appended data (`history['obs'][-3:]`)."""
+        if not self._column_history:
+            raise RuntimeError("history cannot be accessed before `append` is called at least once.")
+        if self._history_cache is None:
+            by_path = {path: self._column_history[i] for path, i in self._path_to_index.items()}
+            flat = [by_path[path] for path, _ in tree.flatten_with_path(self._structure)]
+            self._history_cache = tree.unflatten_as(self._structure, flat)
+        return self._history_cache
+
+    @property
+    def episode_steps(self) -> int:
+        """Number of (non-partial) `append` calls since the last `end_episode`."""
+        return self._episode_steps
+
+    # --- configuration ---
+
+    def configure(self, path: Tuple[Union[int, str], ...], *, num_keep_alive_refs: int,
+                  max_chunk_length: Optional[int]) -> None:
+        """Overrides `num_keep_alive_refs` and the chunk length of the column at `path`."""
+        if num_keep_alive_refs < 1:
+            raise ValueError(f"num_keep_alive_refs ({num_keep_alive_refs}) must be a positive integer")
+        if max_chunk_length is not None and (max_chunk_length < 1 or max_chunk_length > num_keep_alive_refs):
+            raise ValueError(f"max_chunk_length ({max_chunk_length}) must be None or a positive integer <= "
+                             f"num_keep_alive_refs ({num_keep_alive_refs})")
+        path = tuple(path)
+        self._column_config[path] = (num_keep_alive_refs, max_chunk_length)
+        index = self._path_to_index.get(path)
+        if index is not None:
+            self._column_history[index].set_buffer_size(num_keep_alive_refs)
+            chunker = self._chunkers[index]
+            if chunker is not None:
+                self._on_finalized(chunker.finalize())
+                chunker.configure(num_keep_alive_refs, max_chunk_length)
+
+    # --- appending ---
+
+    def _update_structure(self, structure: Any) -> None:
+        self._structure = structure
+        history_padding = len(self._column_history[0]) if self._column_history else 0
+        for path, _ in tree.flatten_with_path(structure):
+            if path not in self._path_to_index:
+                self._path_to_index[path] = len(self._paths)
+                self._paths.append(path)
+                self._chunkers.append(None)
+                buffer_size = self._column_config.get(path, (self._num_keep_alive_refs, None))[0]
+                self._column_history.append(_ColumnHistory(path, buffer_size, history_padding))
+        self._order_cache.clear()
+        self._history_cache = None
+
+    def _column_order(self, paths: tuple) -> list:
+        order = self._order_cache.get(paths)
+        if order is None:
+            order = [self._path_to_index[p] for p in paths]  # KeyError for a new path
+            self._order_cache[paths] = order
+        return order
+
+    def append(self, data: Any, *, partial_step: bool = False) -> None:
+        """Appends a step (or, with `partial_step=True`, part of one) column by column."""
+        if self._structure is None:
+            self._update_structure(tree.map_structure(lambda _: None, data))
+        with_path = tree.flatten_with_path(data)
+        paths = tuple(p for p, _ in with_path)
+        try:
+            order = self._column_order(paths)
+        except KeyError:
+            self._update_structure(_tree_union(self._structure, tree.map_structure(lambda _: None, data)))
+            order = self._column_order(paths)
+        values: list = [None] * len(self._paths)
+        for index, (_, value) in zip(order, with_path):
+            values[index] = value
+        histories = self._column_history
+        if self._last_step_is_open:
+            for index, value in enumerate(values):
+                if value is not None and not histories[index].can_set_last:
+                    raise ValueError(f"Field {self._paths[index]} has already been set in the active step by "
+                                     f"previous (partial) append call and thus must be omitted or set to None but "
+                                     f"got: {value}")
+        # Validate every value before appending any, so a bad step leaves the writer unchanged.
+        arrays: list = [None] * len(values)
+        for index, value in enumerate(values):
+            if value is None:
+                continue
+            array = to_array(value)
+            chunker = self._chunkers[index]
+            if chunker is None:
+                num_keep_alive, max_chunk_length = self._column_config.get(
+                    self._paths[index], (self._num_keep_alive_refs, None))
+                chunker = _ColumnChunker(_path_str(self._paths[index]), array, num_keep_alive, max_chunk_length,
+                                         self._open_chunks)
+                self._chunkers[index] = chunker
+            else:
+                chunker.check(array)
+            arrays[index] = array
+        step = self._episode_steps
+        for index, array in enumerate(arrays):
+            ref = None
+            if array is not None:
+                chunker = self._chunkers[index]
+                ref = chunker.append(array, self._episode_id, step)
+                if chunker.chunk is None and self._unsent:  # the append filled (and finalized) the chunk
+                    self._on_finalized(ref.chunk)
+            if not self._last_step_is_open:
+                histories[index].append(ref)
+            elif ref is not None:
+                histories[index].set_last(ref)
+        self._last_step_is_open = partial_step
+        if not partial_step:
+            self._episode_steps += 1
+
+    # --- items ---
+
+    def _signature_for(self, table: str):
+        if self._table_infos is None:
+            return None
+        if table not in self._table_infos:
+            raise ValueError(f"Unable to create item in table '{table}' since the table could not be found. "
+                             f"Available tables: {sorted(self._table_infos)}")
+        if table not in self._signature_entries:
+            signature = self._table_infos[table].signature
+            self._signature_entries[table] = None if signature is None else _signature_entries(signature)
+        return self._signature_entries[table]
+
+    def create_item(self, table: str, priority: float, trajectory: Any) -> None:
+        """Queues an item of `table` made of the `TrajectoryColumn`s in `trajectory` (does not block)."""
+        flat = tree.flatten(trajectory)
+        if not all(isinstance(col, TrajectoryColumn) for col in flat):
+            raise TypeError(f"All leaves of `trajectory` must be `TrajectoryColumn` but got {trajectory}")
+        if not flat:
+            raise ValueError(f"trajectory must contain at least one TrajectoryColumn, got {trajectory}")
+        priority = float(priority)
+        if math.isnan(priority):
+            raise ValueError(f"priority must not be NaN (item for table '{table}')")
+        entries = self._signature_for(table)
+        columns, chunks = [], {}
+        for i, col in enumerate(flat):
+            refs = col._data_references
+            if not refs:
+                raise ValueError(f"Column {i} of the trajectory for table '{table}' is empty; every column needs "
+                                 f"at least one data reference")
+            first = refs[0].column
+            slices: list = []
+            for ref in refs:
+                if ref.expired:
+                    raise ValueError(f"Column {i} of the trajectory for table '{table}' contains an expired "
+                                     f"CellRef (step older than num_keep_alive_refs={ref.column.num_keep_alive_refs} "
+                                     f"of column {ref.column.path})")
+                if ref.column is not first and (ref.dtype != first.dtype or ref.shape != first.shape):
+                    raise ValueError(f"Column {i} of the trajectory for table '{table}' mixes references of "
+                                     f"different dtypes or shapes: {first.dtype.name}{list(first.shape)} and "
+                                     f"{ref.dtype.name}{list(ref.shape)}")
+                chunk = ref.chunk
+                chunks[chunk.key] = chunk
+                last = slices[-1] if slices else None
+                # Adjacent rows of one chunk become one slice.
+                if last is not None and last[0] is chunk and last[1] + last[2] == ref.row:
+                    last[2] += 1
+                else:
+                    slices.append([chunk, ref.row, 1])
+            columns.append(Column(tuple(ChunkSlice(c.key, row, n, 0) for c, row, n in slices), col.is_squeezed))
+            if entries is not None and i < len(entries):
+                path, dtype, shape, spec = entries[i]
+                got = tuple(first.shape) if col.is_squeezed else (len(refs), *first.shape)
+                if first.dtype != dtype or not _shape_compatible(shape, got):
+                    raise ValueError(f"Unable to create item in table '{table}' since the provided trajectory is "
+                                     f"inconsistent with the table signature: column {i} ('{path}') expected "
+                                     f"{spec} but got dtype={first.dtype.name} shape={list(got)}")
+        if entries is not None and len(entries) != len(flat):
+            raise ValueError(f"Unable to create item in table '{table}' since the provided trajectory is "
+                             f"inconsistent with the table signature: the table expects {len(entries)} columns "
+                             f"({[e[0] for e in entries]}) but the trajectory has {len(flat)}")
+        item = Item(_new_key(), priority, tuple(columns), chunks.values())
+        if self._open_chunks or (not self._unsent and all(self._is_final(c) for c in chunks.values())):
+            self._stream.send(table, item)
+        else:
+            self._unsent.append((table, item))
+
+    # --- chunk finalization (remote transports) ---
+
+    def _is_final(self, chunk: Chunk) -> bool:
+        return all(c is None or c.chunk is not chunk for c in self._chunkers)
+
+    def _on_finalized(self, chunk: Optional[Chunk]) -> None:
+        """Sends the queued items whose chunks are now all final, in order."""
+        while self._unsent and all(self._is_final(c) for c in self._unsent[0][1].chunks.values()):
+            table, item = self._unsent.popleft()
+            self._stream.send(table, item)
+
+    def _finalize_for(self, items: Sequence[Item]) -> None:
+        needed = {key for item in items for key in item.chunks}
+        for chunker in self._chunkers:
+            if chunker is not None and chunker.chunk is not None and chunker.chunk.key in needed:
+                chunker.finalize()
+        self._on_finalized(None)
+
+    def flush(self, block_until_num_items: int = 0, timeout_ms: Optional[int] = None) -> None:
+        """Blocks until at most `block_until_num_items` items are unconfirmed by the server.
+
+        Raises:
+          ValueError: If `block_until_num_items < 0`.
+          DeadlineExceededError: If `timeout_ms` ran out (the items are still inserted later).
+        """
+        if block_until_num_items < 0:
+            raise ValueError(f"block_until_num_items must be >= 0, got {block_until_num_items}")
+        if self._unsent:
+            keep = max(0, len(self._unsent) - block_until_num_items)
+            self._finalize_for([item for _, item in itertools.islice(self._unsent, keep)])
+        self._stream.flush(block_until_num_items, timeout_ms)
+
+    def end_episode(self, clear_buffers: bool = True, timeout_ms: Optional[int] = None) -> None:
+        """Flushes every item, finalizes the chunks and starts a new episode (new id, step 0)."""
+        try:
+            for chunker in self._chunkers:
+                if chunker is not None:
+                    chunker.finalize()
+            self._on_finalized(None)
+            try:
+                self._stream.flush(0, timeout_ms)
+            except errors.DeadlineExceededError:
+                raise errors.DeadlineExceededError(
+                    f"End episode call did not complete within provided timeout of "
+                    f"{datetime.timedelta(milliseconds=timeout_ms)}") from None
+        finally:
+            self._episode_id = _new_key()
+            self._episode_steps = 0
+            self._last_step_is_open = False
+            if clear_buffers:
+                for column in self._column_history:
+                    column.reset()
+
+    def close(self) -> None:
+        """Releases the writer's stream; items not yet confirmed may be dropped (flush first)."""
+        if not self._closed:
+            self._closed = True
+            self._stream.close()

@@ -1,0 +1,66 @@
+"""Runs the same Reverb-API scenario code against dm-reverb (peer venv) and against `replay_tf`.
+
+A scenario is Python source using only Reverb's public API through the names `reverb`, `tf`, `np` and
+`emit(name, value)` (JSON-able values). `run_scenarios` runs a dict of them in ONE peer process (TF starts
+once) and `run_local` runs them here with `import replay_tf as reverb`; an exception ends a scenario and is
+emitted as `error` = "ExceptionType: message". Compare the two dicts key by key.
+"""
+from __future__ import annotations
+
+import json
+import textwrap
+import threading
+from typing import Any, Dict
+
+import numpy as np
+
+_PEER_RUNNER = r'''
+import reverb, tensorflow as tf
+import numpy as np
+for _name, _code in INPUTS["scenarios"].items():
+    def _emit(key, value, _name=_name):
+        emit(_name + "." + key, value)
+    try:
+        exec(_code, {"reverb": reverb, "tf": tf, "np": np, "emit": _emit})
+    except Exception as _e:
+        _emit("error", type(_e).__name__ + ": " + str(_e))
+'''
+
+
+def _dedent(scenarios: Dict[str, str]) -> Dict[str, str]:
+    return {name: textwrap.dedent(code) for name, code in scenarios.items()}
+
+
+def run_peer(peer, scenarios: Dict[str, str]) -> Dict[str, Any]:
+    """Every scenario run by dm-reverb in one peer process: `{'<scenario>.<key>': value}`."""
+    return peer.run(_PEER_RUNNER, {"scenarios": _dedent(scenarios)}, timeout_s=300)
+
+
+def run_local(scenarios: Dict[str, str], timeout_s: float = 60) -> Dict[str, Any]:
+    """Every scenario run by replay_tf here (each in a thread with a timeout, so a deadlock fails)."""
+    import tensorflow as tf
+
+    import replay_tf as reverb
+
+    out: Dict[str, Any] = {}
+    for name, code in _dedent(scenarios).items():
+        def emit(key, value, _name=name):
+            out[f"{_name}.{key}"] = json.loads(json.dumps(value))  # as the peer's values come back
+
+        def body(code=code, emit=emit):
+            try:
+                exec(code, {"reverb": reverb, "tf": tf, "np": np, "emit": emit})
+            except Exception as e:  # noqa: BLE001  (recorded, compared with the peer's)
+                emit("error", f"{type(e).__name__}: {e}")
+
+        thread = threading.Thread(target=body, daemon=True)
+        thread.start()
+        thread.join(timeout_s)
+        if thread.is_alive():
+            out[f"{name}.error"] = f"TIMEOUT after {timeout_s}s (deadlock?)"
+    return out
+
+
+def scenario_results(results: Dict[str, Any], name: str) -> Dict[str, Any]:
+    prefix = name + "."
+    return {k[len(prefix):]: v for k, v in results.items() if k.startswith(prefix)}

@@ -3,7 +3,14 @@
 `import rlds_tf as rlds` works for code written against `rlds`.
 """
 from rlds_tf import metadata
+from rlds_tf import recording
+from rlds_tf import tfds
 from rlds_tf import transformations
+from rlds_tf.loading import load
+from rlds_tf.loading import load_stacked
+from rlds_tf.loading import load_steps
+from rlds_tf.recording import EnvLogger
+from rlds_tf.recording import TFDSBackendWriter
 from rlds_tf.rlds_types import ACTION
 from rlds_tf.rlds_types import ALIGNMENT
 from rlds_tf.rlds_types import BatchedEpisode
@@ -33,6 +40,7 @@ __all__ = [
     "BatchedStep",
     "CORE_STEP_FIELDS",
     "DISCOUNT",
+    "EnvLogger",
     "Episode",
     "EpisodeFilterFn",
     "IS_FIRST",
@@ -45,9 +53,15 @@ __all__ = [
     "StepFilterFn",
     "StepMapFn",
     "StepsToStepsFn",
+    "TFDSBackendWriter",
     "build_episode",
     "build_step",
     "is_valid_rlds_dataset",
+    "load",
+    "load_stacked",
+    "load_steps",
     "metadata",
+    "recording",
+    "tfds",
     "transformations",
 ]

@@ -1,0 +1,294 @@
+"""Recording: EnvLogger + TFDSBackendWriter alignment, metadata, config inference, sharding, bad input."""
+import dataclasses
+import json
+import os
+import time
+
+import dm_env
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_datasets as tfds
+import tree
+from dm_env import specs
+from tensorflow.core.example import example_pb2
+from tensorflow_datasets.core import example_serializer
+
+import rlds_tf as rlds
+from rlds_tf.recording import Catch
+from rlds_tf.recording import EnvLogger
+from rlds_tf.recording import TFDSBackendWriter
+from rlds_tf.recording._episode_encoder import EpisodeEncoder
+
+from dataset_testlib import assert_nested_equal, to_numpy
+
+CATCH_CONFIG = tfds.rlds.rlds_base.DatasetConfig(
+    name="catch_example",
+    observation_info=tfds.features.Tensor(shape=(10, 5), dtype=tf.float32, encoding=tfds.features.Encoding.ZLIB),
+    action_info=tf.int64, reward_info=tf.float64, discount_info=tf.float64,
+    step_metadata_info={"timestamp_ns": tf.int64})
+
+
+def _actions(episode, t):
+    return (episode + t) % 3
+
+
+def _expected_catch_episodes(num_episodes, seed=1):
+    """Hand-made RLDS episodes: replays Catch and shifts (o_i, a_i, r_i, d_i) the RLDS way."""
+    env = Catch(seed=seed)
+    episodes = []
+    for e in range(num_episodes):
+        timesteps, actions = [env.reset()], []
+        while not timesteps[-1].last():
+            actions.append(_actions(e, len(actions)))
+            timesteps.append(env.step(actions[-1]))
+        steps = []
+        for i, ts in enumerate(timesteps):
+            last = i == len(timesteps) - 1
+            steps.append(dict(
+                observation=ts.observation,
+                action=np.int64(0 if last else actions[i]),
+                reward=np.float64(0.0 if last else timesteps[i + 1].reward),
+                discount=np.float64(0.0 if last else timesteps[i + 1].discount),
+                is_first=np.bool_(i == 0), is_last=np.bool_(last),
+                is_terminal=np.bool_(last and ts.discount == 0.0)))
+        episodes.append(steps)
+    return episodes
+
+
+def _record_catch(directory, num_episodes, *, seed=1, **logger_kwargs):
+    with EnvLogger(Catch(seed=seed), **logger_kwargs) as env:
+        for e in range(num_episodes):
+            ts = env.reset()
+            t = 0
+            while not ts.last():
+                ts = env.step(_actions(e, t))
+                t += 1
+    return directory
+
+
+def _stack(steps):
+    return tree.map_structure(lambda *xs: np.stack(xs), *steps)
+
+
+def _loaded_stacked(directory, split="train"):
+    return [{k: v for k, v in e["steps"].items()} for e in to_numpy(rlds.load_stacked(directory, split))]
+
+
+def test_step_alignment_matches_hand_computed(tmp_path):
+    _record_catch(str(tmp_path), 3, data_directory=str(tmp_path))
+    expected = [_stack(steps) for steps in _expected_catch_episodes(3)]
+    loaded = to_numpy(rlds.load(str(tmp_path), split="train"))
+    assert len(loaded) == 3
+    for episode, want in zip(loaded, expected):
+        assert_nested_equal(_stack(episode["steps"]), want)
+
+
+def test_notebook_recording_cell(tmp_path):
+    """The recording cell of the rlds+reverb notebook, with only its imports changed."""
+    def step_fn(unused_timestep, unused_action, unused_env):
+        return {"timestamp_ns": time.time_ns()}
+
+    with EnvLogger(Catch(), backend=TFDSBackendWriter(data_directory=str(tmp_path), split_name="train",
+                                                       max_episodes_per_file=1000, ds_config=CATCH_CONFIG),
+                   step_fn=step_fn) as env:
+        for _ in range(4):
+            timestep = env.reset()
+            while not timestep.last():
+                timestep = env.step(np.random.randint(low=0, high=3))
+    loaded = tfds.builder_from_directory(str(tmp_path)).as_dataset(split="all")
+    episodes = to_numpy(loaded)
+    assert len(episodes) == 4
+    stamps = np.concatenate([[s["timestamp_ns"] for s in e["steps"]] for e in episodes])
+    assert np.all(np.diff(stamps) > 0)  # one per step, in recording order
+    assert rlds.transformations is not None and rlds.is_valid_rlds_dataset(loaded)
+
+
+def test_step_and_episode_metadata(tmp_path):
+    calls = []
+
+    def step_fn(timestep, action, env):
+        return {"t": np.int32(len(calls)), "had_action": action is not None}
+
+    def episode_fn(timestep, action, env):
+        calls.append(1)
+        return {"episode_len": np.int64(len(calls))} if timestep.last() else None
+
+    _record_catch(str(tmp_path), 2, data_directory=str(tmp_path), step_fn=step_fn, episode_fn=episode_fn)
+    info = tfds.builder_from_directory(str(tmp_path)).info
+    assert info.features["steps"]["t"].dtype == tf.int32
+    assert info.features["episode_len"].dtype == tf.int64
+    episodes = to_numpy(rlds.load(str(tmp_path), split="train"))
+    # Metadata is aligned with the observation (envlogger's m_i): step 0 is the reset's metadata.
+    first = episodes[0]["steps"]
+    assert [bool(s["had_action"]) for s in first] == [False] + [True] * 9
+    assert [int(s["t"]) for s in first] == list(range(10))
+    # The last non-None episode_fn value wins: 10 calls in episode 0, 20 after episode 1.
+    assert [int(e["episode_len"]) for e in episodes] == [10, 20]
+
+
+def test_config_inferred_from_specs(tmp_path):
+    _record_catch(str(tmp_path), 1, data_directory=str(tmp_path))
+    steps = tfds.builder_from_directory(str(tmp_path)).info.features["steps"]
+    assert steps["observation"].shape == (10, 5) and steps["observation"].dtype == tf.float32
+    assert steps["action"].dtype == tf.int64
+    assert steps["reward"].dtype == tf.float64 and steps["discount"].dtype == tf.float64
+
+
+@pytest.mark.parametrize("max_per_file, num_episodes, shard_lengths", [
+    (2, 5, [2, 2, 1]),
+    (5, 5, [5]),
+    (1000, 3, [3]),
+])
+def test_sharding(tmp_path, max_per_file, num_episodes, shard_lengths):
+    _record_catch(str(tmp_path), num_episodes, backend=TFDSBackendWriter(
+        str(tmp_path), dataclasses.replace(CATCH_CONFIG, step_metadata_info={}), max_per_file, "episodes"))
+    info = json.loads((tmp_path / "dataset_info.json").read_text())
+    (split,) = info["splits"]
+    assert split["name"] == "episodes"
+    assert [int(n) for n in split["shardLengths"]] == shard_lengths
+    files = sorted(f for f in os.listdir(tmp_path) if ".tfrecord-" in f)
+    assert files == [f"catch_example-episodes.tfrecord-{i:05d}" for i in range(len(shard_lengths))]
+    assert len(to_numpy(rlds.load(str(tmp_path), split="episodes"))) == num_episodes
+
+
+def test_progress_bar(tmp_path, capsys):
+    _record_catch(str(tmp_path), 2, data_directory=str(tmp_path), show_progress=True)
+    assert "recording" in capsys.readouterr().err
+
+
+class _ShapeShiftingEnv(dm_env.Environment):
+    """Observation (3,) float32, but episode `bad_episode` switches to `bad_obs` at its step 2."""
+
+    def __init__(self, bad_obs, bad_episode=1):
+        self._bad_obs, self._bad_episode, self._episode, self._t = bad_obs, bad_episode, -1, 0
+
+    def reset(self):
+        self._episode += 1
+        self._t = 0
+        return dm_env.restart(np.zeros(3, np.float32))
+
+    def step(self, action):
+        self._t += 1
+        obs = np.full(3, self._t, np.float32)
+        if self._episode == self._bad_episode and self._t >= 2:
+            obs = self._bad_obs
+        return dm_env.termination(1.0, obs) if self._t == 4 else dm_env.transition(0.0, obs)
+
+    def observation_spec(self):
+        return specs.Array((3,), np.float32)
+
+    def action_spec(self):
+        return specs.DiscreteArray(2)
+
+
+@pytest.mark.parametrize("bad_obs, error", [
+    (np.zeros(4, np.float32), r"steps/observation: shape changed: expected \(3,\) with dtype float32, "
+                              r"got \(4,\) with dtype float32"),
+    (np.zeros(3, np.float64), r"steps/observation: dtype changed: expected float32 with shape \(3,\), "
+                              r"got float64 with shape \(3,\)"),
+])
+def test_observation_changing_mid_recording(tmp_path, bad_obs, error):
+    env = EnvLogger(_ShapeShiftingEnv(bad_obs), data_directory=str(tmp_path))
+    with pytest.raises(ValueError, match=error):
+        for _ in range(3):
+            ts = env.reset()
+            while not ts.last():
+                ts = env.step(0)
+    env.close()
+    episodes = to_numpy(rlds.load(str(tmp_path), split="train"))
+    assert len(episodes) == 1  # the completed episode is on disk and loads
+    assert [float(s["observation"][0]) for s in episodes[0]["steps"]] == [0, 1, 2, 3, 4]
+
+
+def test_gymnasium_env(tmp_path):
+    gymnasium = pytest.importorskip("gymnasium")
+
+    class Counter(gymnasium.Env):
+        observation_space = gymnasium.spaces.Dict({
+            "pos": gymnasium.spaces.Box(-10, 10, (2,), np.float32), "count": gymnasium.spaces.Discrete(10)})
+        action_space = gymnasium.spaces.Discrete(2)
+
+        def reset(self, *, seed=None, options=None):
+            self.t = 0
+            return {"pos": np.zeros(2, np.float32), "count": 0}, {}
+
+        def step(self, action):
+            self.t += 1
+            obs = {"pos": np.full(2, self.t, np.float32), "count": self.t}
+            # Episode 1 of length 3 terminates; otherwise a time limit truncates at 2.
+            return obs, float(self.t * 10 + action), self.t == 3 and action == 1, self.t == 2 and action == 0, {}
+
+    with EnvLogger(Counter(), data_directory=str(tmp_path)) as env:
+        for action in (0, 1):
+            obs, info = env.reset()
+            done = False
+            while not done:
+                obs, reward, terminated, truncated, info = env.step(action)
+                done = terminated or truncated
+    truncated_ep, terminated_ep = to_numpy(rlds.load(str(tmp_path), split="train"))
+    assert_nested_equal(_stack(truncated_ep["steps"]), {
+        "observation": {"pos": np.float32([[0, 0], [1, 1], [2, 2]]), "count": np.int64([0, 1, 2])},
+        "action": np.int64([0, 0, 0]), "reward": np.float64([10, 20, 0]), "discount": np.float64([1, 1, 0]),
+        "is_first": np.bool_([1, 0, 0]), "is_last": np.bool_([0, 0, 1]), "is_terminal": np.bool_([0, 0, 0])})
+    assert_nested_equal(_stack(terminated_ep["steps"])["is_terminal"], np.bool_([0, 0, 0, 1]))
+    assert_nested_equal(_stack(terminated_ep["steps"])["discount"], np.float64([1, 1, 0, 0]))
+
+
+def test_two_writers_in_one_directory_fail(tmp_path):
+    first = TFDSBackendWriter(str(tmp_path), CATCH_CONFIG)
+    with pytest.raises(RuntimeError, match="another process is recording"):
+        TFDSBackendWriter(str(tmp_path), CATCH_CONFIG)
+    first.close()
+    TFDSBackendWriter(str(tmp_path), CATCH_CONFIG).close()
+
+
+def test_append_with_overwrite_false(tmp_path):
+    config = dataclasses.replace(CATCH_CONFIG, step_metadata_info={})
+    _record_catch(str(tmp_path), 2, backend=TFDSBackendWriter(str(tmp_path), config))
+    _record_catch(str(tmp_path), 1, backend=TFDSBackendWriter(str(tmp_path), config, overwrite=False))
+    assert len(to_numpy(rlds.load(str(tmp_path), split="train"))) == 3
+
+
+# -- the fast encoder writes exactly what TFDS's encoder writes ------------------------------------------
+
+_ENCODER_CASES = [
+    ("scalars", {"observation_info": tf.float32, "action_info": tf.int64, "reward_info": tf.float64,
+                 "discount_info": tf.float64},
+     lambda i: dict(observation=np.float32(i), action=i, reward=0.5 * i, discount=1.0)),
+    ("zlib_and_bytes", {"observation_info": tfds.features.Tensor(shape=(2, 3), dtype=tf.float32,
+                                                                 encoding=tfds.features.Encoding.ZLIB),
+                        "action_info": tfds.features.Tensor(shape=(2,), dtype=tf.int32,
+                                                            encoding=tfds.features.Encoding.BYTES),
+                        "reward_info": tf.float32, "discount_info": tf.float32},
+     lambda i: dict(observation=np.full((2, 3), i, np.float32), action=np.int32([i, -i]), reward=1.0,
+                    discount=0.0)),
+    ("nested_and_metadata", {"observation_info": {"pos": tfds.features.Tensor(shape=(2,), dtype=tf.float64),
+                                                  "flag": tf.bool, "u8": tfds.features.Tensor(shape=(3,),
+                                                                                              dtype=tf.uint8)},
+                             "action_info": tfds.features.Tensor(shape=(1,), dtype=tf.int64),
+                             "reward_info": tf.float64, "discount_info": tf.float64,
+                             "step_metadata_info": {"t": tf.int32},
+                             "episode_metadata_info": {"episode_id": tf.int64, "score": tf.float32}},
+     lambda i: dict(observation={"pos": np.float64([i, 2 * i]), "flag": i % 2 == 0, "u8": np.uint8([i, 1, 2])},
+                    action=np.int64([i]), reward=1.0, discount=1.0, t=np.int32(i))),
+]
+
+
+@pytest.mark.parametrize("name, config_kwargs, make_step", _ENCODER_CASES, ids=[c[0] for c in _ENCODER_CASES])
+@pytest.mark.parametrize("num_steps", [0, 1, 4])
+def test_fast_encoder_matches_tfds(name, config_kwargs, make_step, num_steps):
+    config = tfds.rlds.rlds_base.DatasetConfig(name=name, **config_kwargs)
+    info = tfds.rlds.rlds_base.build_info(config, tfds.core.dataset_info.DatasetIdentity(
+        name=name, version=tfds.core.Version("0.0.1"), data_dir="/unused", module_name=""))
+    encoder = EpisodeEncoder(info.features)
+    assert encoder.fast
+    steps = [dict(make_step(i), is_first=i == 0, is_last=i == num_steps - 1, is_terminal=False)
+             for i in range(num_steps)]
+    metadata = {"episode_id": 7, "score": 0.25} if "episode_metadata_info" in config_kwargs else {}
+    for step in steps:
+        encoder.add_step(step)
+    ours = encoder.serialize(metadata)
+    serializer = example_serializer.ExampleSerializer(info.features.get_serialized_info())
+    theirs = serializer.serialize_example(info.features.encode_example({"steps": steps, **metadata}))
+    assert example_pb2.Example.FromString(ours) == example_pb2.Example.FromString(theirs)

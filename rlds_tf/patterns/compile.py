@@ -1,0 +1,268 @@
+"""Compiles pattern configs into a plain tf.data graph (no custom op, no py_function).
+
+The step stream is cut into blocks of consecutive steps (a whole episode, or `block_size` steps) and a
+`Dataset.scan` carries what crosses block boundaries: the last `history` values of every column a pattern
+reads, the step index within the episode, the buffer fill and, per config, `steps_since_applied`. Inside
+a block everything is vectorized: the left value of every condition for every step, which configs fire
+at which step (at append time, and again at the end of the episode for configs not applied at that step),
+and one `tf.gather` per pattern leaf. The items of a block come out in Reverb's order (step, then
+append/end-of-episode, then config) and `unbatch()` turns them into elements.
+
+The semantics are those of Reverb's StructuredWriter feeding a PatternDataset; the shared rules live in
+`configs.py` and the per-condition comparison in `conditions.ConditionNode.evaluate`, which the online
+`evaluator.PatternEvaluator` uses too.
+
+Iterators over the result are checkpointable (scan, map and unbatch all save their state).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Sequence
+
+import tensorflow as tf
+import tree
+
+from rlds_tf.patterns import configs as configs_lib
+from rlds_tf.patterns import nodes
+
+DEFAULT_BLOCK_SIZE = 1024
+
+
+def _condition_left(condition, *, step_index, buffer_length, is_end, flat_block):
+    if condition.left == "step_index":
+        return step_index
+    if condition.left == "buffer_length":
+        return buffer_length
+    if condition.left == "is_end_episode":
+        return tf.cast(is_end, tf.int64)
+    if condition.left == "flat_source_index":
+        column = flat_block[condition.flat_source_index]
+        column = tf.reshape(column, [-1])  # one value per step (checked at config time)
+        if column.dtype == tf.bool:
+            return tf.cast(column, tf.int64)
+        # Reverb casts the value to a C++ int (int32, wrapping) before comparing.
+        return tf.cast(tf.cast(column, tf.int32), tf.int64)
+    raise ValueError(f"no stateless left value for {condition.left!r}")
+
+
+def _all(masks: list, like: tf.Tensor) -> tf.Tensor:
+    out = tf.ones_like(like, dtype=tf.bool)
+    for m in masks:
+        out = tf.logical_and(out, m)
+    return out
+
+
+def compile_blocks(blocks: tf.data.Dataset, configs: Sequence[Any], step_spec: Any, *,
+                   respect_episode_boundaries: bool,
+                   is_last_fn: Callable[[Any], tf.Tensor],
+                   cumulative_history: bool = True) -> tf.data.Dataset:
+    """Applies `configs` to a dataset of step blocks (each a nest shaped like `step_spec` plus a leading dim).
+
+    Args:
+      blocks: consecutive steps, stacked: element i holds steps [n_i, n_i + B_i) of the stream.
+      configs: `StructuredWriterConfig`s (or their protos); all must produce the same structure.
+      step_spec: the spec of one step.
+      respect_episode_boundaries: clear the history at the end of every episode.
+      is_last_fn: block -> [B] bool, True where a step ends its episode.
+      cumulative_history: the implicit buffer-length rule of Reverb's PatternDataset (see
+        `configs.with_buffer_length_conditions`).
+
+    Returns:
+      A dataset of items with `configs.infer_signature(configs, step_spec)` as element spec.
+    """
+    # tf.data reads Python lists as tensors, so list nodes of a pattern come out as tuples.
+    signature = _lists_to_tuples(configs_lib.infer_signature(configs, step_spec))
+    configs = configs_lib.with_buffer_length_conditions(configs_lib.validate_configs(configs, step_spec),
+                                                        cumulative=cumulative_history)
+    flat_spec = tree.flatten(step_spec)
+    num_configs = len(configs)
+    histories = configs_lib.column_histories(configs)
+    capacity = max(histories.values())
+    columns = sorted(c for c, h in histories.items() if h > 0)
+    ssa_configs = [k for k, c in enumerate(configs) if any(x.left == "steps_since_applied" for x in c.conditions)]
+    has_end_conditions = any(x.left == "is_end_episode" for c in configs for x in c.conditions)
+
+    flat_signature = tree.flatten(signature)
+    patterns = [tree.flatten(configs_lib.unpack_pattern(c)) for c in configs]
+    # Leaves whose slice length differs between configs are padded to the longest and cut after unbatch.
+    ragged_leaves = [i for i, spec in enumerate(flat_signature)
+                     if spec.shape.rank and spec.shape[0] is None
+                     and any(not p[i].squeeze for p in patterns)]
+
+    def zeros_history(c: int) -> tf.Tensor:
+        shape = [histories[c]] + [0 if d is None else d for d in tf.TensorShape(flat_spec[c].shape).as_list()]
+        return tf.zeros(shape, flat_spec[c].dtype)
+
+    unknown_shape = {c: not tf.TensorShape(flat_spec[c].shape).is_fully_defined() for c in columns}
+    initial_state = (
+        tuple(zeros_history(c) for c in columns),
+        tf.constant(True),  # no block seen yet (histories of unknown-shaped columns are placeholders)
+        tf.constant(0, tf.int64),  # step index of the next step within its episode
+        tf.constant(0, tf.int64),  # steps in the buffer before the next step (capped at `capacity`)
+        tf.zeros([len(ssa_configs)], tf.int64),  # steps_since_applied of the configs that test it
+    )
+
+    def step_fn(state, block):
+        hist, first, s0, n0, ssa0 = state
+        flat_block = tree.flatten(block)
+        is_last = tf.reshape(tf.cast(is_last_fn(block), tf.bool), [-1])
+        size = tf.shape(is_last, out_type=tf.int64)[0]
+        t = tf.range(size, dtype=tf.int64)
+
+        # step_index[t]: steps since the last episode end before t (s0 carries the count into the block).
+        prev_last = tf.concat([[False], is_last], 0)[:size]
+        segment = tf.cumsum(tf.cast(prev_last, tf.int64))
+        seg_start = tf.math.unsorted_segment_min(t, segment, num_segments=size + 1)
+        step_index = tf.where(segment == 0, s0 + t, t - tf.gather(seg_start, segment))
+        if respect_episode_boundaries:
+            filled = step_index + 1  # the buffer is cleared whenever the step index is reset
+        else:
+            filled = n0 + t + 1
+        buffer_length = tf.minimum(filled, capacity)
+
+        lefts = dict(step_index=step_index, buffer_length=buffer_length, flat_block=flat_block)
+        fire_append, fire_end, ssa_conds = [], [], []
+        for k, config in enumerate(configs):
+            stateless = [c for c in config.conditions if c.left != "steps_since_applied"]
+            at_append = _all([c.evaluate(_condition_left(c, is_end=tf.zeros_like(is_last), **lefts),
+                                         tf.truncatemod) for c in stateless], is_last)
+            if has_end_conditions and any(c.left == "is_end_episode" for c in config.conditions):
+                at_end = _all([c.evaluate(_condition_left(c, is_end=tf.ones_like(is_last), **lefts),
+                                          tf.truncatemod) for c in stateless], is_last)
+            else:
+                at_end = at_append
+            fire_append.append(at_append)
+            fire_end.append(tf.logical_and(is_last, at_end))
+            ssa_conds.append([c for c in config.conditions if c.left == "steps_since_applied"])
+
+        ssa_new = ssa0
+        if ssa_configs:
+            # steps_since_applied makes firing sequential: a scan over the block's steps for those configs.
+            cond_a = tf.stack([fire_append[k] for k in ssa_configs], 1)
+            cond_e = tf.stack([fire_end[k] for k in ssa_configs], 1)
+
+            def ssa_step(carry, x):
+                ssa, _, _ = carry
+                a_in, e_in = x
+                ssa = ssa + 1  # incremented once per step, before the config is tried
+                ok = tf.stack([_all([c.evaluate(ssa[j], tf.truncatemod) for c in ssa_conds[k]],
+                                    ssa[j]) for j, k in enumerate(ssa_configs)])
+                a = tf.logical_and(a_in, ok)
+                e = tf.logical_and(tf.logical_and(e_in, ok), tf.logical_not(a))
+                ssa = tf.where(tf.logical_or(a, e), tf.zeros_like(ssa), ssa)
+                return ssa, a, e
+
+            init = (ssa0, tf.zeros([len(ssa_configs)], tf.bool), tf.zeros([len(ssa_configs)], tf.bool))
+            ssa_all, a_all, e_all = tf.scan(ssa_step, (cond_a, cond_e), initializer=init)
+            for j, k in enumerate(ssa_configs):
+                fire_append[k] = a_all[:, j]
+                fire_end[k] = e_all[:, j]
+            ssa_new = tf.cond(size > 0, lambda: ssa_all[-1], lambda: ssa0)
+        for k in range(num_configs):
+            # A config never applies twice at one step: the end-of-episode pass skips those applied.
+            fire_end[k] = tf.logical_and(fire_end[k], tf.logical_not(fire_append[k]))
+
+        # Items in Reverb's order: by step, then append before end-of-episode, then by config.
+        fired = tf.stack([tf.stack(fire_append, 1), tf.stack(fire_end, 1)], 1)  # [B, 2, K]
+        where = tf.where(fired)
+        item_step = where[:, 0]
+        item_config = where[:, 2]
+
+        buffers = {}
+        for j, c in enumerate(columns):
+            if unknown_shape[c]:
+                placeholder = tf.zeros(tf.concat([[histories[c]], tf.shape(flat_block[c])[1:]], 0),
+                                       flat_spec[c].dtype)
+                old = tf.cond(first, lambda: placeholder, lambda: hist[j])
+            else:
+                old = hist[j]
+            buffers[c] = tf.concat([old, flat_block[c]], 0)
+
+        def gather_node(node, pad_to=None):
+            buf = buffers[node.flat_source_index]
+            h = histories[node.flat_source_index]
+            # Row of step t in `buf` is h + t; offset -1 is step t itself, so offset o is row h + t + 1 + o.
+            base = h + 1 + item_step
+            if node.squeeze:
+                return tf.gather(buf, base + node.stop)
+            offsets = tf.constant(nodes.node_offsets(node), tf.int64)
+            values = tf.gather(buf, base[:, None] + offsets[None, :])
+            if pad_to is not None and pad_to > len(nodes.node_offsets(node)):
+                pad = [[0, 0], [0, pad_to - len(nodes.node_offsets(node))]] + [[0, 0]] * (values.shape.rank - 2)
+                values = tf.pad(values, pad)
+            return values
+
+        flat_items, lengths = [], []
+        for i in range(len(flat_signature)):
+            leaf_nodes = [p[i] for p in patterns]
+            pad_to = max(len(nodes.node_offsets(n)) for n in leaf_nodes) if i in ragged_leaves else None
+            if num_configs == 1:
+                flat_items.append(gather_node(leaf_nodes[0], pad_to))
+            else:
+                value = None
+                for k, node in enumerate(leaf_nodes):
+                    gathered = gather_node(node, pad_to)
+                    if value is None:
+                        value = gathered
+                    else:
+                        mask = tf.reshape(item_config == k, [-1] + [1] * (gathered.shape.rank - 1))
+                        value = tf.where(mask, gathered, value)
+                flat_items.append(value)
+            if i in ragged_leaves:
+                lengths.append(tf.gather(tf.constant([len(nodes.node_offsets(p[i])) for p in patterns],
+                                                     tf.int64), item_config))
+
+        # Carry the newest `history` rows of every column and the counters into the next block.
+        new_hist = tuple(buffers[c][-histories[c]:] for c in columns)
+        last_index = tf.maximum(size - 1, 0)
+        ends_episode = tf.logical_and(size > 0, tf.gather(tf.concat([is_last, [False]], 0), last_index))
+        s_new = tf.where(size > 0, tf.where(ends_episode, tf.constant(0, tf.int64),
+                                            tf.gather(tf.concat([step_index, [0]], 0), last_index) + 1), s0)
+        if respect_episode_boundaries:
+            n_new = tf.minimum(s_new, capacity)
+        else:
+            n_new = tf.minimum(n0 + size, capacity)
+        if ragged_leaves:
+            out = tuple(flat_items), tuple(lengths)
+        else:
+            out = tree.unflatten_as(signature, flat_items)
+        return (new_hist, tf.constant(False), s_new, n_new, ssa_new), out
+
+    items = blocks.scan(initial_state, tf.autograph.experimental.do_not_convert(step_fn)).unbatch()
+    if ragged_leaves:
+        def cut(flat_items, lengths):
+            flat_items = list(flat_items)
+            for j, i in enumerate(ragged_leaves):
+                flat_items[i] = flat_items[i][:lengths[j]]
+            flat_items = [tf.ensure_shape(x, spec.shape) for x, spec in zip(flat_items, flat_signature)]
+            return tree.unflatten_as(signature, flat_items)
+        items = items.map(cut)
+    return items
+
+
+def _lists_to_tuples(nest: Any) -> Any:
+    if isinstance(nest, dict):
+        return {k: _lists_to_tuples(v) for k, v in nest.items()}
+    if isinstance(nest, tuple) and hasattr(nest, "_fields"):
+        return type(nest)(*(_lists_to_tuples(v) for v in nest))
+    if isinstance(nest, (list, tuple)):
+        return tuple(_lists_to_tuples(v) for v in nest)
+    return nest
+
+
+def steps_to_blocks(steps: tf.data.Dataset, block_size: int = DEFAULT_BLOCK_SIZE) -> tf.data.Dataset:
+    """Consecutive steps of a flat steps dataset, stacked `block_size` at a time."""
+    return steps.batch(block_size)
+
+
+def episodes_to_blocks(episodes: tf.data.Dataset, steps_key: str,
+                       block_size: int = DEFAULT_BLOCK_SIZE) -> tuple[tf.data.Dataset, Any]:
+    """Blocks of steps from a dataset of episodes, and the spec of one step.
+
+    Episodes hold their steps either as a nested `tf.data.Dataset` (batched `block_size` at a time) or,
+    on the vectorized path, as stacked tensors with a leading time dimension (one block per episode).
+    """
+    steps_spec = episodes.element_spec[steps_key]
+    if isinstance(steps_spec, tf.data.DatasetSpec):
+        return episodes.flat_map(lambda e: e[steps_key].batch(block_size)), steps_spec.element_spec
+    step_spec = tree.map_structure(lambda s: tf.TensorSpec(s.shape[1:], s.dtype), steps_spec)
+    return episodes.map(lambda e: e[steps_key]), step_spec

@@ -1,0 +1,78 @@
+"""`pattern_map`: Reverb structured-writer patterns applied to RLDS episodes, compiled to plain tf.data.
+
+The configs (`rlds_tf.patterns.create_config`, or `deepmind.reverb.StructuredWriterConfig` protos) run over
+the stream of steps of all episodes, exactly as dm-reverb's `PatternDataset` runs them for rlds: an
+episode ends at the step whose `is_last` is True, and with `respect_episode_boundaries` the history is
+cleared there. Episodes may hold their steps as a nested dataset or, on the vectorized path, as stacked
+tensors with a leading time dimension.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Optional, Sequence
+
+import tensorflow as tf
+
+from rlds_tf import patterns
+from rlds_tf import rlds_types
+from rlds_tf.patterns import compile as compile_lib
+
+
+def step_spec(episodes_dataset: tf.data.Dataset) -> Dict[str, Any]:
+    """The element spec of one step of an episodes dataset (nested or stacked steps)."""
+    steps = episodes_dataset.element_spec[rlds_types.STEPS]
+    if isinstance(steps, tf.data.DatasetSpec):
+        return steps.element_spec
+    return tf.nest.map_structure(lambda s: tf.TensorSpec(s.shape[1:], s.dtype), steps)
+
+
+def _is_last(block: Any) -> tf.Tensor:
+    if not isinstance(block, dict) or rlds_types.IS_LAST not in block:
+        fields = sorted(block) if isinstance(block, dict) else type(block).__name__
+        raise KeyError(f"pattern_map ends episodes at the step field {rlds_types.IS_LAST!r}, which the steps do "
+                       f"not have; fields: {fields}")
+    return block[rlds_types.IS_LAST]
+
+
+def pattern_map(episodes_dataset: tf.data.Dataset, configs: Sequence[Any],
+                respect_episode_boundaries: bool = True) -> tf.data.Dataset:
+    """Applies pattern configs to the steps of all episodes.
+
+    Args:
+      episodes_dataset: dataset of episodes.
+      configs: configs to apply, in order; at each step their items come out in this order.
+      respect_episode_boundaries: if True, no output mixes steps of two episodes.
+
+    Returns:
+      A dataset of the items (element spec `patterns.infer_signature(configs, step_spec)`).
+
+    >>> steps = {'x': tf.range(4), 'is_last': [False, False, False, True]}
+    >>> episodes = tf.data.Dataset.from_tensors({'steps': tf.data.Dataset.from_tensor_slices(steps)})
+    >>> ref = patterns.create_reference_step(step_spec(episodes))
+    >>> config = patterns.create_config({'pair': ref['x'][-2:]}, table='t')
+    >>> [item['pair'].numpy().tolist() for item in pattern_map(episodes, [config])]
+    [[0, 1], [1, 2], [2, 3]]
+    """
+    blocks, spec = compile_lib.episodes_to_blocks(episodes_dataset, rlds_types.STEPS)
+    items = compile_lib.compile_blocks(blocks, configs, spec, respect_episode_boundaries=respect_episode_boundaries,
+                                       is_last_fn=_is_last)
+    if episodes_dataset.cardinality() == tf.data.INFINITE_CARDINALITY:
+        # Endless episodes give endless items only if configs fire; Reverb declares it infinite too.
+        items = items.apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY))
+    return items
+
+
+def pattern_map_from_transform(episodes_dataset: tf.data.Dataset,
+                               transform_fn: Callable[[patterns.ReferenceStep], patterns.Pattern],
+                               conditions: Optional[Sequence[Any]] = None,
+                               respect_episode_boundaries: bool = True) -> tf.data.Dataset:
+    """`pattern_map` with one config built from `transform_fn(reference_step)` and `conditions`.
+
+    >>> steps = {'x': tf.range(3), 'is_last': [False, False, True]}
+    >>> episodes = tf.data.Dataset.from_tensors({'steps': tf.data.Dataset.from_tensor_slices(steps)})
+    >>> out = pattern_map_from_transform(episodes, lambda s: {'x': s['x'][-2], 'next_x': s['x'][-1]})
+    >>> [(int(t['x']), int(t['next_x'])) for t in out]
+    [(0, 1), (1, 2)]
+    """
+    pattern = patterns.pattern_from_transform(step_spec(episodes_dataset), transform_fn)
+    config = patterns.create_config(pattern, table="transition", conditions=conditions or ())
+    return pattern_map(episodes_dataset, [config], respect_episode_boundaries=respect_episode_boundaries)

@@ -37,7 +37,8 @@ PathOrName = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
 
 
 def _looks_like_path(name: str) -> bool:
-    return os.sep in name or name.startswith((".", "~")) or "://" in name
+    # TFDS names contain '/' too ('d4rl_mujoco_hopper/v2-medium'), so only unambiguous paths count.
+    return name.startswith((os.sep, ".", "~")) or "://" in name
 
 
 def builder(name_or_dir: PathOrName, *, data_dir: Optional[str] = None, validate: bool = True,
@@ -65,7 +66,11 @@ def builder(name_or_dir: PathOrName, *, data_dir: Optional[str] = None, validate
         if os.path.isdir(os.path.expanduser(name)) or _looks_like_path(name):
             result = tfds.builder_from_directory(_check_dir(name, recover))
         else:
-            result = tfds.builder(name, data_dir=data_dir)
+            try:
+                result = tfds.builder(name, data_dir=data_dir)
+            except tfds.core.registered.DatasetNotFoundError as e:
+                raise FileNotFoundError(f"{name!r} is neither an existing dataset directory nor a registered TFDS "
+                                        f"dataset name ({e})") from e
     if validate:
         _check_rlds_features(result)
     return result
@@ -109,6 +114,8 @@ def _check_split(dataset_builder: tfds.core.DatasetBuilder, split: Any) -> None:
     if split is None:
         return
     known = sorted(dataset_builder.info.splits.keys())
+    if not known:
+        return  # not prepared (or mocked): TFDS itself reports what is missing
     for expression in (split if isinstance(split, (list, tuple)) else [split]):
         if not isinstance(expression, str):
             continue  # tfds.core.ReadInstruction etc.: TFDS validates them

@@ -182,9 +182,14 @@ class DatasetWriter:
         self._check_open()
         if rlds_types.STEPS not in episode:
             raise ValueError(f"an episode needs a {rlds_types.STEPS!r} field; got keys {sorted(episode)}")
-        for step in _iter_steps(episode[rlds_types.STEPS]):
-            self._encoder.add_step(step)
-        self.end_episode({k: v for k, v in episode.items() if k != rlds_types.STEPS}, split=split)
+        try:
+            for step in _iter_steps(episode[rlds_types.STEPS]):
+                self._encoder.add_step(step)
+        except Exception:
+            self._encoder.discard()
+            raise
+        metadata = {k: _to_numpy(v) for k, v in episode.items() if k != rlds_types.STEPS}
+        self.end_episode(metadata, split=split)
 
     def close(self) -> None:
         """Drops an unfinished episode, closes the shards and writes the final metadata."""
@@ -204,6 +209,14 @@ class DatasetWriter:
         self.close()
 
 
+def _to_numpy(value: Any) -> Any:
+    """tf.Tensors (eager) -> numpy, recursively; TFDS's encoders only take numpy-compatible values."""
+    import tensorflow as tf
+    import tree
+
+    return tree.map_structure(lambda x: x.numpy() if isinstance(x, tf.Tensor) else x, value)
+
+
 def _iter_steps(steps: Any):
     """Steps as dicts, from a list of step dicts, a dict of stacked arrays, or a `tf.data.Dataset`."""
     import numpy as np  # local: only this helper needs it
@@ -214,6 +227,7 @@ def _iter_steps(steps: Any):
         yield from steps.as_numpy_iterator()
         return
     if isinstance(steps, Mapping):
+        steps = _to_numpy(steps)
         leaves = tree.flatten(steps)
         if not leaves:
             return

@@ -98,6 +98,7 @@ class _InProcessInsertStream:
         self._pending: collections.deque = collections.deque()
 
     def send(self, table: str, item: Item) -> None:
+        # As in Reverb, the table does not check items against its signature: writers do (validate_items).
         target = self._server.table(table)
         self._pending.append((target, item))
         self._drain(0, deadline=time.monotonic())

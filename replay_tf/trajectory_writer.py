@@ -193,15 +193,28 @@ class _ColumnHistory:
             del self._refs[0]
             self._offset += 1
 
-    def _get(self, index: int) -> Optional[_CellRef]:
-        """Position `index` (0 <= index < len) or None if it dropped out of the buffer."""
-        return None if index < self._offset else self._refs[index - self._offset]
+    def _index(self, val: int) -> Optional[_CellRef]:
+        """Position `val` (negative from the end); None once it dropped out of the buffer."""
+        if val >= 0:
+            val -= len(self)
+        if val >= 0 or val < -len(self):
+            raise IndexError(f"history index out of range for column {self._path} of length {len(self)}")
+        return None if val < -len(self._refs) else self._refs[val]
 
-    def _normalize(self, index: int) -> int:
+    def _slice(self, val: slice):
+        """Reverb's semantics: `[:]` covers the whole history (None for dropped steps); other slices are
+        taken relative to the end, and only slices with a start are padded with None for dropped steps."""
+        if val.start is None and val.stop is None:
+            return list(iter(self))[val]
         n = len(self)
-        if index < -n or index >= n:
-            raise IndexError(f"history index {index} is out of range for column {self._path} of length {n}")
-        return index + n if index < 0 else index
+        start = val.start - n if val.start is not None and val.start >= 0 else val.start
+        stop = val.stop - n if val.stop is not None and val.stop > 0 else val.stop
+        if start is None:
+            if -n < stop < -len(self._refs):
+                return [None]
+            return self._refs[slice(None, stop, val.step)]
+        overflow = abs(start) - len(self._refs)  # requested positions older than the buffer
+        return [None] * max(0, overflow) + self._refs[slice(start, stop, val.step)]
 
     def __len__(self) -> int:
         return len(self._refs) + self._offset
@@ -213,11 +226,11 @@ class _ColumnHistory:
     def __getitem__(self, val) -> "TrajectoryColumn":
         path = self._path + (val,) if not isinstance(val, list) else self._path + (tuple(val),)
         if isinstance(val, (int, np.integer)):
-            return TrajectoryColumn([self._get(self._normalize(int(val)))], squeeze=True, path=path)
+            return TrajectoryColumn([self._index(int(val))], squeeze=True, path=path)
         if isinstance(val, slice):
-            return TrajectoryColumn([self._get(i) for i in range(*val.indices(len(self)))], path=path)
+            return TrajectoryColumn(self._slice(val), path=path)
         if isinstance(val, list):
-            return TrajectoryColumn([self._get(self._normalize(int(i))) for i in val], path=path)
+            return TrajectoryColumn([self._index(int(i)) for i in val], path=path)
         raise TypeError(f"_ColumnHistory indices must be integers or slices, not {type(val)}")
 
     def __repr__(self) -> str:
@@ -556,25 +569,29 @@ class TrajectoryWriter:
         self._stream.flush(block_until_num_items, timeout_ms)
 
     def end_episode(self, clear_buffers: bool = True, timeout_ms: Optional[int] = None) -> None:
-        """Flushes every item, finalizes the chunks and starts a new episode (new id, step 0)."""
+        """Flushes every item, finalizes the chunks and starts a new episode (new id, step 0).
+
+        Raises:
+          DeadlineExceededError: If `timeout_ms` ran out; the episode then goes on (call again to end it).
+        """
+        for chunker in self._chunkers:
+            if chunker is not None:
+                chunker.finalize()
+        self._on_finalized(None)
         try:
-            for chunker in self._chunkers:
-                if chunker is not None:
-                    chunker.finalize()
-            self._on_finalized(None)
-            try:
-                self._stream.flush(0, timeout_ms)
-            except errors.DeadlineExceededError:
-                raise errors.DeadlineExceededError(
-                    f"End episode call did not complete within provided timeout of "
-                    f"{datetime.timedelta(milliseconds=timeout_ms)}") from None
-        finally:
-            self._episode_id = _new_key()
-            self._episode_steps = 0
-            self._last_step_is_open = False
-            if clear_buffers:
-                for column in self._column_history:
-                    column.reset()
+            self._stream.flush(0, timeout_ms)
+        except errors.DeadlineExceededError:
+            # As in Reverb, the episode is not ended: the items are still inserted later and a later
+            # `end_episode` call ends it.
+            raise errors.DeadlineExceededError(
+                f"End episode call did not complete within provided timeout of "
+                f"{datetime.timedelta(milliseconds=timeout_ms)}") from None
+        self._episode_id = _new_key()
+        self._episode_steps = 0
+        self._last_step_is_open = False
+        if clear_buffers:
+            for column in self._column_history:
+                column.reset()
 
     def close(self) -> None:
         """Releases the writer's stream; items not yet confirmed may be dropped (flush first)."""

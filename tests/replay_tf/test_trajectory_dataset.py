@@ -1,0 +1,151 @@
+"""TrajectoryDataset: element specs, values, batching, timeouts and bad input, against dm-reverb."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import reverb_testlib
+import replay_tf as reverb
+
+_PRELUDE = """
+def setup(signature=None, table=None):
+    table = table or reverb.Table('t', reverb.selectors.Fifo(), reverb.selectors.Fifo(), 100,
+                                  reverb.rate_limiters.MinSize(1), max_times_sampled=1, signature=signature)
+    server = reverb.Server([table])
+    return server, reverb.Client(f'localhost:{server.port}'), f'localhost:{server.port}'
+
+def spec_str(spec):
+    import tree
+    return [[str(s.dtype.name), s.shape.as_list() if s.shape.rank is not None else None]
+            for s in tree.flatten(spec)]
+
+def fill(client, n, length=3):
+    with client.trajectory_writer(num_keep_alive_refs=length) as writer:
+        for i in range(n + length - 1):
+            writer.append({'obs': np.full([2, 2], i, np.uint8), 'act': np.float32(i), 'n': (np.int64(i), np.bool_(i % 2))})
+            if i + 1 >= length:
+                h = writer.history
+                writer.create_item('t', 1.0, {'obs': h['obs'][-length:], 'act': h['act'][-1],
+                                              'n': [h['n'][0][-length:], h['n'][1][-2:]]})
+"""
+
+_SIGNATURE = ("{'obs': tf.TensorSpec([3, 2, 2], tf.uint8), 'act': tf.TensorSpec([], tf.float32), "
+              "'n': [tf.TensorSpec([3], tf.int64), tf.TensorSpec([2], tf.bool)]}")
+
+SCENARIOS = {
+    "from_signature": _PRELUDE + f"""
+server, client, address = setup({_SIGNATURE})
+fill(client, 6)
+ds = reverb.TrajectoryDataset.from_table_signature(address, 't', max_in_flight_samples_per_worker=4,
+                                                   rate_limiter_timeout_ms=200)
+emit('spec', spec_str(ds.element_spec))
+emit('type', [type(ds.element_spec).__name__, type(ds.element_spec.info).__name__, type(ds.element_spec.data['n']).__name__])
+samples = list(ds)
+emit('count', len(samples))
+emit('values', [[s.data['obs'].numpy().tolist(), float(s.data['act']), s.data['n'][0].numpy().tolist(),
+                 s.data['n'][1].numpy().tolist(), float(s.info.probability), int(s.info.table_size),
+                 float(s.info.priority), int(s.info.times_sampled)] for s in samples])
+emit('info_dtypes', [s.dtype.name for s in samples[0].info])
+""",
+    "explicit_dtypes_batched": _PRELUDE + """
+server, client, address = setup()
+fill(client, 5)
+ds = reverb.TrajectoryDataset(address, 't', dtypes={'obs': tf.uint8, 'act': tf.float32, 'n': [tf.int64, tf.bool]},
+                              shapes={'obs': tf.TensorShape([3, 2, 2]), 'act': tf.TensorShape([]),
+                                      'n': [tf.TensorShape([3]), tf.TensorShape([None])]},
+                              max_in_flight_samples_per_worker=2, rate_limiter_timeout_ms=100)
+batched = ds.batch(2)
+emit('spec', spec_str(batched.element_spec))
+emit('shapes', [[list(x.shape) for x in tf.nest.flatten(b)] for b in batched])
+""",
+    "max_samples": _PRELUDE + """
+server, client, address = setup()
+fill(client, 5)
+ds = reverb.TrajectoryDataset(address, 't', dtypes={'obs': tf.uint8, 'act': tf.float32, 'n': (tf.int64, tf.bool)},
+                              shapes={'obs': tf.TensorShape([3, 2, 2]), 'act': tf.TensorShape([]),
+                                      'n': (tf.TensorShape([3]), tf.TensorShape([2]))},
+                              max_in_flight_samples_per_worker=3, max_samples=2, rate_limiter_timeout_ms=100)
+emit('count', len(list(ds)))
+""",
+    "bad_input": _PRELUDE + f"""
+server, client, address = setup({_SIGNATURE})
+fill(client, 2)
+for name, kwargs in [('in_flight', dict(max_in_flight_samples_per_worker=0)),
+                     ('workers', dict(max_in_flight_samples_per_worker=1, num_workers_per_iterator=0)),
+                     ('per_stream', dict(max_in_flight_samples_per_worker=1, max_samples_per_stream=0)),
+                     ('timeout', dict(max_in_flight_samples_per_worker=1, rate_limiter_timeout_ms=-2)),
+                     ('max_samples', dict(max_in_flight_samples_per_worker=1, max_samples=0))]:
+    try:
+        reverb.TrajectoryDataset.from_table_signature(address, 't', **kwargs)
+    except ValueError as e:
+        emit(name, str(e))
+for name, table in [('unknown', 'nope')]:
+    try:
+        reverb.TrajectoryDataset.from_table_signature(address, table, 1)
+    except ValueError as e:
+        emit(name, str(e).replace(address, 'ADDRESS'))
+try:
+    ds = reverb.TrajectoryDataset(address, 't', dtypes={{'obs': tf.float32, 'act': tf.float32, 'n': (tf.int64, tf.bool)}},
+                                  shapes={{'obs': tf.TensorShape([3, 2, 2]), 'act': tf.TensorShape([]), 'n': (tf.TensorShape([3]), tf.TensorShape([2]))}},
+                                  max_in_flight_samples_per_worker=1, rate_limiter_timeout_ms=100)
+    list(ds)
+    emit('wrong_dtype', 'ok')
+except Exception as e:
+    emit('wrong_dtype', 'error')
+try:
+    ds = reverb.TrajectoryDataset(address, 't', dtypes={{'obs': tf.uint8, 'act': tf.float32, 'n': (tf.int64, tf.bool)}},
+                                  shapes={{'obs': tf.TensorShape([4, 2, 2]), 'act': tf.TensorShape([]), 'n': (tf.TensorShape([3]), tf.TensorShape([2]))}},
+                                  max_in_flight_samples_per_worker=1, rate_limiter_timeout_ms=100)
+    list(ds)
+    emit('wrong_shape', 'ok')
+except Exception as e:
+    emit('wrong_shape', 'error')
+""",
+    "no_signature": _PRELUDE + """
+server, client, address = setup()
+try:
+    reverb.TrajectoryDataset.from_table_signature(address, 't', 1)
+except ValueError as e:
+    emit('error', str(e).replace(address, 'ADDRESS'))
+""",
+}
+
+
+@pytest.fixture(scope="module")
+def peer_results(peer):
+    return reverb_testlib.run_peer(peer, SCENARIOS)
+
+
+@pytest.fixture(scope="module")
+def local_results():
+    return reverb_testlib.run_local(SCENARIOS)
+
+
+@pytest.mark.peer
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_matches_reverb(scenario, peer_results, local_results):
+    assert (reverb_testlib.scenario_results(local_results, scenario)
+            == reverb_testlib.scenario_results(peer_results, scenario))
+
+
+def test_local_scenarios_run_without_unexpected_errors(local_results):
+    assert set(k for k in local_results if k.endswith(".error")) == {"no_signature.error"}
+
+
+def test_wrong_dtype_error_names_the_column():
+    server = reverb.Server([reverb.Table.queue("q", 10, signature={"a": tf.TensorSpec([2], tf.float32)})])
+    with pytest.raises(ValueError, match=r"Requested incompatible tensor at 'a'.*requested dtype=int32"):
+        reverb.TrajectoryDataset(f"localhost:{server.port}", "q", dtypes={"a": tf.int32}, shapes={"a": tf.TensorShape([2])},
+                                 max_in_flight_samples_per_worker=1)
+    server.stop()
+
+
+def test_dataset_waits_for_data_inserted_from_another_thread():
+    import threading
+    server = reverb.Server([reverb.Table.queue("q", 10)])
+    client = reverb.Client(f"localhost:{server.port}")
+    ds = reverb.TrajectoryDataset(f"localhost:{server.port}", "q", dtypes=(tf.int32,), shapes=(tf.TensorShape([1]),),
+                                  max_in_flight_samples_per_worker=4, rate_limiter_timeout_ms=5000)
+    threading.Timer(0.2, lambda: [client.insert(np.int32(i), {"q": 1.0}) for i in range(3)]).start()
+    values = [int(s.data[0][0]) for s in ds.take(3)]
+    assert values == [0, 1, 2]
+    server.stop()

@@ -6,6 +6,9 @@ code written for `tf_agents.replay_buffers`.
 # Each section re-exports one part of the package; keep one name per line and mirror it in __all__.
 
 # --- in-graph buffers (replay_tf/buffers) ---
+from replay_tf.buffers import BufferInfo
+from replay_tf.buffers import TFUniformReplayBuffer
+from replay_tf.buffers import UniformReplayBuffer
 
 # --- replay server: tables, selectors, rate limiters, client, writers, datasets (replay_tf/core, ...) ---
 from replay_tf import rate_limiters
@@ -23,6 +26,9 @@ from replay_tf.trajectory_writer import TrajectoryWriter
 
 __all__ = [
     # --- in-graph buffers ---
+    "BufferInfo",
+    "TFUniformReplayBuffer",
+    "UniformReplayBuffer",
     # --- replay server ---
     "Client",
     "DeadlineExceededError",

@@ -1,0 +1,14 @@
+"""In-graph replay buffers on `tf.Variable` storage (TF-Agents' API, plus a prioritized variant)."""
+from replay_tf.buffers.uniform import BufferInfo
+from replay_tf.buffers.uniform import TFUniformReplayBuffer
+from replay_tf.buffers.uniform import UniformReplayBuffer
+from replay_tf.buffers.uniform import end_of_episode_from_is_last
+from replay_tf.buffers.uniform import end_of_episode_from_step_type
+
+__all__ = [
+    "BufferInfo",
+    "TFUniformReplayBuffer",
+    "UniformReplayBuffer",
+    "end_of_episode_from_is_last",
+    "end_of_episode_from_step_type",
+]

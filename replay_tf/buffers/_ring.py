@@ -1,0 +1,149 @@
+"""Ring storage shared by the in-graph buffers: explicit state (`RingState`) and pure functions over it.
+
+Layout. A buffer holds `batch_size` independent segments (one per parallel environment), each a ring
+of `max_length` steps, exactly like TF-Agents' `TFUniformReplayBuffer`. Every `add_batch` writes one
+step to every segment, so all segments share one logical step counter `last_id` (-1 when empty).
+The storage of each leaf of the data spec is ONE `tf.Variable` of shape `[max_length * batch_size, ...]`
+laid out time-major:
+
+    row(logical_id, segment) = (logical_id mod max_length) * batch_size + segment
+
+so an `add_batch` writes `batch_size` consecutive rows (one scatter of a contiguous block per leaf) and
+any set of sampled windows is one gather per leaf. (TF-Agents uses `segment * max_length + slot`,
+which makes each add a strided scatter; logical ids and windows are the same in both layouts.)
+
+Concurrency. One writer at a time (like any ring buffer with a single head); any number of readers.
+The writer bumps `write_started` BEFORE it overwrites a slot and `last_id` AFTER it has written it.
+A reader samples from the windows valid for the `last_id` it read, gathers, then re-reads
+`write_started`: a window whose oldest step is `<= write_started - max_length` may have been
+overwritten during the gather, and is drawn again (see `stale_mask`). Each gather/scatter on a
+variable holds the variable's lock, so a row is never half written.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence
+
+import tensorflow as tf
+
+from replay_tf import specs
+
+
+class RingState(NamedTuple):
+    """The variables of a ring buffer (owned by a `tf.Module`, passed to the functions below)."""
+    storage: list             # one tf.Variable [max_length * batch_size, *leaf.shape] per data spec leaf
+    last_id: tf.Variable      # int64 scalar: logical id of the newest fully written step, -1 when empty
+    write_started: tf.Variable  # int64 scalar: logical id of the newest step whose write has begun
+    episode_index: tf.Variable | None  # int32 [rows]: per-segment episode counter of each stored step
+    episode_count: tf.Variable | None  # int32 [batch_size]: episodes finished so far in each segment
+
+
+def make_state(data_spec, batch_size: int, max_length: int, *, episode_aware: bool) -> RingState:
+    """Creates the variables (zero-filled storage; call inside the owner's device/name scope)."""
+    rows = batch_size * max_length
+    storage = []
+    for where, leaf in specs.flatten_with_paths(data_spec, "data_spec"):
+        if not isinstance(leaf, tf.TensorSpec):
+            raise TypeError(f"{where} must be a tf.TensorSpec, got {type(leaf).__name__}")
+        if not leaf.shape.is_fully_defined():
+            raise ValueError(f"{where} has shape {leaf.shape}; buffer storage needs fully defined shapes")
+        name = (leaf.name or "slot").replace("/", "_")
+        storage.append(tf.Variable(tf.zeros([rows] + leaf.shape.as_list(), leaf.dtype), trainable=False,
+                                   name=name))
+    last_id = tf.Variable(tf.constant(-1, tf.int64), trainable=False, name="last_id")
+    write_started = tf.Variable(tf.constant(-1, tf.int64), trainable=False, name="write_started")
+    episode_index = episode_count = None
+    if episode_aware:
+        episode_index = tf.Variable(tf.zeros([rows], tf.int32), trainable=False, name="episode_index")
+        episode_count = tf.Variable(tf.zeros([batch_size], tf.int32), trainable=False, name="episode_count")
+    return RingState(storage, last_id, write_started, episode_index, episode_count)
+
+
+def valid_range(last_id, max_length: int, num_steps) -> tuple[tf.Tensor, tf.Tensor]:
+    """`[lo, hi)` of logical start ids whose `num_steps` window lies inside the stored steps.
+
+    Stored ids are `[0, last_id]` before the ring wraps and `[last_id + 1 - max_length, last_id]` after;
+    a window `s .. s + n - 1` must end at or before `last_id`, so `s < last_id + 2 - n`. Same rule as
+    TF-Agents' `_valid_range_ids`.
+    """
+    n = tf.constant(1 if num_steps is None else num_steps, tf.int64)
+    full = last_id >= max_length
+    lo = tf.where(full, last_id + 1 - max_length, tf.constant(0, tf.int64))
+    hi = tf.maximum(last_id + 2 - n, lo)
+    return lo, hi
+
+
+def rows_for(starts, segments, num_steps, max_length: int, batch_size: int) -> tf.Tensor:
+    """Storage rows of windows: `starts`, `segments` [...] -> rows [..., num_steps] (or [...] if None)."""
+    if num_steps is None:
+        return tf.math.floormod(starts, max_length) * batch_size + segments
+    ids = starts[..., None] + tf.range(num_steps, dtype=tf.int64)
+    return tf.math.floormod(ids, max_length) * batch_size + segments[..., None]
+
+
+def gather(state: RingState, rows) -> list[tf.Tensor]:
+    """One gather per leaf (`sparse_read`: never a dense read, which would make the next scatter copy)."""
+    return [var.sparse_read(rows) for var in state.storage]
+
+
+def write(state: RingState, flat_items: Sequence[tf.Tensor], batch_size: int, max_length: int,
+          episode_ends=None):
+    """Appends one step to every segment: returns (op, new_id). `flat_items` leaves are [batch_size, ...]."""
+    new_id = state.write_started.assign_add(1)
+    slot = tf.math.floormod(new_id, max_length)
+    # Rows [slot * batch_size, (slot + 1) * batch_size): one contiguous block per leaf.
+    rows = slot * batch_size + tf.range(batch_size, dtype=tf.int64)
+    writes = [var.scatter_update(tf.IndexedSlices(value, rows)) for var, value in
+              zip(state.storage, flat_items)]
+    if state.episode_index is not None:
+        counts = state.episode_count.read_value()
+        writes.append(state.episode_index.scatter_update(tf.IndexedSlices(counts, rows)))
+        with tf.control_dependencies([writes[-1]]):
+            # The episode counter advances AFTER the step that ends the episode: that step still belongs
+            # to the episode, the next step written in this segment starts a new one.
+            ends = tf.cast(episode_ends, tf.int32)
+            writes.append(state.episode_count.assign(tf.math.floormod(counts + ends, 2 ** 30)))
+    with tf.control_dependencies(writes):
+        # Publish the step only after all its data is in place.
+        published = state.last_id.assign(new_id)
+    return published, new_id
+
+
+def clear(state: RingState):
+    """Forgets all steps (storage is left in place, as TF-Agents' `clear()`)."""
+    ops = [state.last_id.assign(-1), state.write_started.assign(-1)]
+    if state.episode_count is not None:
+        ops.append(state.episode_count.assign(tf.zeros_like(state.episode_count)))
+    return tf.group(*ops)
+
+
+def stale_mask(state: RingState, starts, max_length: int, after) -> tf.Tensor:
+    """True where a window starting at `starts` may have been overwritten while it was gathered.
+
+    Read after `after` (the gathers). Steps `<= write_started - max_length` share a slot with a step
+    whose write has begun, so their rows may already hold newer data.
+    """
+    with tf.control_dependencies(after):
+        started = state.write_started.read_value()
+    return starts <= started - max_length
+
+
+def crosses_episode(state: RingState, starts, segments, num_steps, max_length: int, batch_size: int):
+    """True where the window `starts .. starts + num_steps - 1` spans more than one episode."""
+    if state.episode_index is None or num_steps is None or num_steps == 1:
+        return tf.zeros_like(starts, tf.bool)
+    first = tf.math.floormod(starts, max_length) * batch_size + segments
+    last = tf.math.floormod(starts + num_steps - 1, max_length) * batch_size + segments
+    return tf.not_equal(state.episode_index.sparse_read(first), state.episode_index.sparse_read(last))
+
+
+def count_episode_windows(state: RingState, lo, hi, num_steps, max_length: int, batch_size: int):
+    """Number of (segment, start) pairs in `[lo, hi)` whose window stays in one episode (O(capacity))."""
+    starts = tf.range(lo, hi)[:, None] + tf.zeros([batch_size], tf.int64)
+    segments = tf.zeros_like(starts) + tf.range(batch_size, dtype=tf.int64)
+    bad = crosses_episode(state, starts, segments, num_steps, max_length, batch_size)
+    return tf.reduce_sum(tf.cast(tf.logical_not(bad), tf.int64))
+
+
+def redraw(mask, new, old):
+    """`new` where `mask`, else `old` (elementwise over the sample batch)."""
+    return tf.where(mask, new, old)

@@ -1,0 +1,434 @@
+"""`UniformReplayBuffer`: TF-Agents' `TFUniformReplayBuffer` API on plain `tf.Variable` storage.
+
+Same ring semantics as TF-Agents (which windows are valid, wrap handling, logical order of
+`gather_all`, ids and probabilities in `BufferInfo`), without its `tf.CriticalSection`, so every add and
+sample path also compiles with `tf.function(jit_compile=True)`. Storage layout and the lock-free
+reader/writer protocol are described in `_ring.py`.
+
+>>> import tensorflow as tf
+>>> rb = UniformReplayBuffer(tf.TensorSpec([2], tf.float32), batch_size=2, max_length=3)
+>>> for t in range(4):
+...     rb.add_batch(tf.constant([[t, 0.], [t, 1.]]))
+>>> rb.gather_all()[:, :, 0].numpy().tolist()   # the 3 newest steps of each segment, oldest first
+[[1.0, 2.0, 3.0], [1.0, 2.0, 3.0]]
+>>> data, info = rb.get_next(sample_batch_size=5, num_steps=2)
+>>> data.shape.as_list(), info.ids.shape.as_list(), info.probabilities.shape.as_list()
+([5, 2, 2], [5, 2], [5])
+>>> int(rb.num_frames())
+6
+"""
+from __future__ import annotations
+
+import collections
+from typing import Any, Callable
+
+import tensorflow as tf
+
+from replay_tf import specs
+from replay_tf.buffers import _ring
+
+BufferInfo = collections.namedtuple("BufferInfo", ["ids", "probabilities"])
+BufferInfo.__doc__ = """Sample metadata, as TF-Agents' `replay_buffer.BufferInfo`.
+
+ids: logical step ids of the sampled items (shape `[B]`, `[B, T]`, or a tuple of T `[B]` tensors).
+probabilities: the probability with which each sample was drawn (`[B]`).
+"""
+
+# Samples drawn per map call by the unbatched `as_dataset()`: amortizes the per-element tf.data cost.
+_UNBATCHED_CHUNK = 128
+
+
+def end_of_episode_from_step_type(items) -> tf.Tensor:
+    """Episode ends of a TF-Agents `Trajectory` batch: `next_step_type == LAST` or `step_type == LAST`.
+
+    A trajectory whose `next_step_type` is LAST closes its episode (the next stored step is the
+    LAST -> FIRST boundary transition, which starts the next one).
+    """
+    field = getattr(items, "next_step_type", None)
+    if field is None:
+        field = items["step_type"] if isinstance(items, dict) else items.step_type
+    return tf.equal(field, 2)
+
+
+def end_of_episode_from_is_last(items) -> tf.Tensor:
+    """Episode ends of an RLDS-style step batch (a mapping with an `is_last` bool field)."""
+    return tf.cast(items["is_last"], tf.bool)
+
+
+class UniformReplayBuffer(tf.Module):
+    """Uniform replay buffer with TF-Agents' `TFUniformReplayBuffer` interface.
+
+    Args:
+      data_spec: nest of `tf.TensorSpec` for one item (no batch dimension). Shapes fully defined.
+      batch_size: outer dimension of every `add_batch` call (the number of ring segments).
+      max_length: steps per segment; `capacity = batch_size * max_length`.
+      scope: name scope of the variables and ops.
+      device: `tf.device` string for the variables and ops.
+      table_fn: accepted for compatibility and ignored: storage is always one `tf.Variable` per leaf.
+      dataset_drop_remainder: as TF-Agents: in `as_dataset(single_deterministic_pass=True)` drop partial
+        batches (static batch dimension).
+      dataset_window_shift: as TF-Agents: window shift of the deterministic pass with `num_steps`
+        (None: non-overlapping windows; 1: every sliding window).
+      stateful_dataset: accepted and ignored (a no-op in TF-Agents on TF 2 as well).
+      episode_end_fn: keyword-only; enables episode-aware windows. A function of a batch of items (the
+        `add_batch` argument) returning bool `[batch_size]`, True where that item is the last step of
+        its episode; sampled `num_steps` windows then never span two episodes. See
+        `end_of_episode_from_step_type` and `end_of_episode_from_is_last`. Costs 4 bytes per stored
+        step, and sampling counts the valid windows (O(capacity) int32 work) for exact probabilities.
+    """
+
+    def __init__(self, data_spec, batch_size: int, max_length: int = 1000, scope: str = "TFUniformReplayBuffer",
+                 device: str = "cpu:*", table_fn: Any = None, dataset_drop_remainder: bool = False,
+                 dataset_window_shift: int | None = None, stateful_dataset: bool = False, *,
+                 episode_end_fn: Callable[[Any], tf.Tensor] | None = None):
+        super().__init__(name=None)
+        if int(batch_size) < 1 or int(max_length) < 1:
+            raise ValueError(f"batch_size ({batch_size}) and max_length ({max_length}) must be >= 1")
+        # Not tracked: tf.Module would wrap dicts in the spec into DictWrapper, and results packed with it.
+        self._data_spec = self._no_dependency(data_spec)
+        self._batch_size = int(batch_size)
+        self._max_length = int(max_length)
+        self._scope = scope
+        self._device = device
+        self._table_fn = table_fn
+        self._dataset_drop_remainder = dataset_drop_remainder
+        self._dataset_window_shift = dataset_window_shift
+        self._stateful_dataset = stateful_dataset
+        self._episode_end_fn = episode_end_fn
+        self._functions: dict = {}
+        with tf.device(device), tf.name_scope(scope):
+            self._state = _ring.make_state(data_spec, self._batch_size, self._max_length,
+                                           episode_aware=episode_end_fn is not None)
+            self._capacity = tf.constant(self._batch_size * self._max_length, tf.int64)
+
+    # ----- properties (TF-Agents names) -----
+    @property
+    def data_spec(self):
+        return self._data_spec
+
+    @property
+    def capacity(self) -> tf.Tensor:
+        """`batch_size * max_length` as an int64 scalar tensor (as TF-Agents)."""
+        return self._capacity
+
+    @property
+    def batch_size(self) -> int:
+        return self._batch_size
+
+    @property
+    def max_length(self) -> int:
+        return self._max_length
+
+    @property
+    def device(self) -> str:
+        return self._device
+
+    @property
+    def scope(self) -> str:
+        return self._scope
+
+    @property
+    def table_fn(self):
+        return self._table_fn
+
+    @property
+    def stateful_dataset(self) -> bool:
+        return self._stateful_dataset
+
+    @property
+    def state(self) -> _ring.RingState:
+        """The variables (for wrappers such as `PrioritizedReplayBuffer`)."""
+        return self._state
+
+    # ----- execution helper -----
+    def _run(self, name: str, fn: Callable, *args, tensors=()):
+        """Runs `fn(*args, *tensors)` in graph: directly when tracing, else through a cached tf.function."""
+        if not tf.executing_eagerly():
+            with tf.device(self._device), tf.name_scope(self._scope):
+                return fn(*args, *tensors)
+        key = (name,) + args
+        function = self._functions.get(key)
+        if function is None:
+            def run(*ts):
+                with tf.device(self._device), tf.name_scope(self._scope):
+                    out = fn(*args, *ts)
+                # A tf.function cannot return an Operation; its side effects run all the same.
+                return None if isinstance(out, tf.Operation) else out
+            function = self._functions[key] = tf.function(run, autograph=False)
+        return function(*tensors)
+
+    # ----- writing -----
+    def add_batch(self, items):
+        """Adds one step to each of the `batch_size` segments.
+
+        Args:
+          items: nest matching `data_spec`, every leaf `[batch_size, *spec.shape]` with the spec's dtype.
+
+        Returns:
+          None when executing eagerly; in graph mode an op (as TF-Agents) that runs the add.
+
+        Raises:
+          TypeError: wrong structure or dtype. ValueError: wrong shape or outer dimension. The message
+          names the nested path, the expected and the received value.
+        """
+        flat = specs.validate(items, self._data_spec, outer_dims=[self._batch_size], root="items")
+        extra = ()
+        if self._episode_end_fn is not None:
+            ends = tf.convert_to_tensor(self._episode_end_fn(items))
+            if ends.shape.rank is not None and ends.shape.as_list() != [self._batch_size]:
+                raise ValueError(f"episode_end_fn must return a bool [batch_size={self._batch_size}] "
+                                 f"tensor, got shape {ends.shape}")
+            extra = (tf.cast(ends, tf.bool),)
+        op = self._run("add", self._add_impl, tensors=tuple(flat) + extra)
+        return None if tf.executing_eagerly() else op
+
+    def _add_impl(self, *tensors):
+        flat = list(tensors[:len(self._state.storage)])
+        ends = tensors[-1] if self._episode_end_fn is not None else None
+        # A dynamic outer dimension (unknown while tracing) is checked when the graph runs.
+        checks = []
+        if flat and flat[0].shape[:1].is_fully_defined() is False:
+            checks.append(tf.debugging.assert_equal(
+                tf.shape(flat[0], out_type=tf.int64)[0], tf.constant(self._batch_size, tf.int64),
+                message=f"add_batch: the outer dimension of items must be batch_size ({self._batch_size})"))
+        with tf.control_dependencies(checks):
+            published, _ = _ring.write(self._state, flat, self._batch_size, self._max_length, ends)
+        return tf.group(published)
+
+    def clear(self):
+        """Forgets all items (the storage is left in place, as TF-Agents' `clear()`)."""
+        op = self._run("clear", lambda: _ring.clear(self._state))
+        return None if tf.executing_eagerly() else op
+
+    def num_frames(self) -> tf.Tensor:
+        """Number of stored steps over all segments, int64: `min((last_id + 1) * batch_size, capacity)`."""
+        return self._run("num_frames", lambda: tf.minimum((self._state.last_id.read_value() + 1)
+                                                          * self._batch_size, self._capacity))
+
+    # ----- sampling -----
+    def _check_sample_args(self, sample_batch_size, num_steps):
+        def static(value, name):
+            if value is None:
+                return None
+            static_value = tf.get_static_value(value)
+            if static_value is None:
+                raise TypeError(f"{name} must be a Python int (or a constant tensor), got {value!r}")
+            static_value = int(static_value)
+            if static_value < 1:
+                raise ValueError(f"{name} ({static_value}) must be >= 1")
+            return static_value
+        sample_batch_size = static(sample_batch_size, "sample_batch_size")
+        num_steps = static(num_steps, "num_steps")
+        if num_steps is not None and num_steps > self._max_length:
+            raise ValueError(f"num_steps ({num_steps}) must be <= max_length ({self._max_length}): a window "
+                             f"cannot be longer than one ring segment")
+        return sample_batch_size, num_steps
+
+    def _assert_can_sample(self, lo, hi, num_steps):
+        return tf.debugging.assert_greater(
+            hi, lo, message=(f"{type(self).__name__} has no valid window to sample: it is empty or holds "
+                             f"fewer than num_steps ({num_steps or 1}) steps per segment. Add items with "
+                             f"add_batch before sampling."))
+
+    def _draw(self, n: int, lo, hi, num_steps):
+        """Uniform (segment, start) pairs over valid windows; episode-aware: redraws windows that cross."""
+        def draw(mask, starts, segments):
+            new_starts = tf.random.uniform([n], lo, hi, tf.int64)
+            new_segments = tf.random.uniform([n], 0, self._batch_size, tf.int64)
+            return _ring.redraw(mask, new_starts, starts), _ring.redraw(mask, new_segments, segments)
+
+        zeros = tf.zeros([n], tf.int64)
+        starts, segments = draw(tf.ones([n], tf.bool), zeros, zeros)
+        if self._state.episode_index is None or num_steps in (None, 1):
+            return starts, segments
+
+        def crosses(starts, segments):
+            return _ring.crosses_episode(self._state, starts, segments, num_steps, self._max_length,
+                                         self._batch_size)
+
+        _, starts, segments = tf.while_loop(
+            lambda bad, s, g: tf.reduce_any(bad),
+            lambda bad, s, g: (lambda s2, g2: (crosses(s2, g2), s2, g2))(*draw(bad, s, g)),
+            (crosses(starts, segments), starts, segments))
+        return starts, segments
+
+    def _probability(self, lo, hi, num_steps):
+        if self._state.episode_index is None or num_steps in (None, 1):
+            count = (hi - lo) * self._batch_size
+        else:
+            count = _ring.count_episode_windows(self._state, lo, hi, num_steps, self._max_length,
+                                                self._batch_size)
+        return tf.math.divide_no_nan(tf.constant(1.0, tf.float32), tf.cast(count, tf.float32))
+
+    def _sample_windows(self, n: int, num_steps, draw_fn, assert_fn):
+        """Draws `n` windows with `draw_fn(lo, hi)` -> (starts, segments, probs), gathers them, and redraws
+        any window overwritten by a concurrent writer during the gather. Returns (flat, starts, probs)."""
+        def attempt(mask, starts, segments, probs):
+            last_id = self._state.last_id.read_value()
+            lo, hi = _ring.valid_range(last_id, self._max_length, num_steps)
+            with tf.control_dependencies([assert_fn(lo, hi)]):
+                new_starts, new_segments, new_probs = draw_fn(lo, hi)
+            starts = _ring.redraw(mask, new_starts, starts)
+            segments = _ring.redraw(mask, new_segments, segments)
+            probs = _ring.redraw(mask, new_probs, probs)
+            rows = _ring.rows_for(starts, segments, num_steps, self._max_length, self._batch_size)
+            flat = _ring.gather(self._state, rows)
+            stale = _ring.stale_mask(self._state, starts, self._max_length, flat)
+            return stale, starts, segments, probs, flat
+
+        zeros = tf.zeros([n], tf.int64)
+        first = attempt(tf.ones([n], tf.bool), zeros, zeros, tf.zeros([n], tf.float32))
+        stale, starts, segments, probs, flat = tf.while_loop(
+            lambda stale, *_: tf.reduce_any(stale),
+            lambda stale, s, g, p, f: attempt(stale, s, g, p),
+            first)
+        return flat, starts, segments, probs
+
+    def get_next(self, sample_batch_size: int | None = None, num_steps: int | None = None,
+                 time_stacked: bool = True):
+        """Samples uniformly over (segment, valid start) pairs, with replacement (as TF-Agents).
+
+        Returns:
+          `(data, BufferInfo(ids, probabilities))`. data is `[B, ...]` (`[...]` if `sample_batch_size`
+          is None); with `num_steps=T`, `[B, T, ...]`, or a tuple of T `[B, ...]` nests if not
+          `time_stacked`. ids are the logical step ids of the returned steps.
+
+        Raises:
+          ValueError: `num_steps > max_length`. InvalidArgumentError (when run): no valid window (empty
+          buffer, or fewer than `num_steps` steps per segment).
+        """
+        sample_batch_size, num_steps = self._check_sample_args(sample_batch_size, num_steps)
+        return self._run("get_next", self._get_next_impl, sample_batch_size, num_steps, bool(time_stacked))
+
+    def _get_next_impl(self, sample_batch_size, num_steps, time_stacked):
+        n = sample_batch_size or 1
+
+        def draw_fn(lo, hi):
+            starts, segments = self._draw(n, lo, hi, num_steps)
+            return starts, segments, tf.fill([n], self._probability(lo, hi, num_steps))
+
+        flat, starts, _, probs = self._sample_windows(
+            n, num_steps, draw_fn, lambda lo, hi: self._assert_can_sample(lo, hi, num_steps))
+        return self._package(flat, starts, [probs], sample_batch_size, num_steps, time_stacked)
+
+    def _package(self, flat, starts, info_values, sample_batch_size, num_steps, time_stacked,
+                 info_type=BufferInfo):
+        """Shapes gathered leaves and ids as TF-Agents returns them."""
+        ids = starts if num_steps is None else starts[:, None] + tf.range(num_steps, dtype=tf.int64)
+        if sample_batch_size is None:
+            flat = [t[0] for t in flat]
+            ids = ids[0]
+            info_values = [v[0] for v in info_values]
+        data = specs.pack_sequence_as(self._data_spec, flat)
+        if num_steps is not None and not time_stacked:
+            axis = 1 if sample_batch_size is not None else 0
+            data = tuple(tf.nest.map_structure(lambda t, i=i: tf.gather(t, i, axis=axis), data)
+                         for i in range(num_steps))
+            ids = tuple(tf.gather(ids, i, axis=axis) for i in range(num_steps))
+        return data, info_type(ids, *info_values)
+
+    # ----- datasets and full reads -----
+    def _check_list_free_spec(self):
+        if any(isinstance(s, list) for s in _all_nodes(self._data_spec)):
+            raise ValueError(f"as_dataset: data_spec contains Python lists, which tf.data would stack into "
+                             f"one tensor; use tuples instead. Spec:\n{specs.describe(self._data_spec, 'spec')}")
+
+    def as_dataset(self, sample_batch_size: int | None = None, num_steps: int | None = None,
+                   num_parallel_calls: int | None = None, single_deterministic_pass: bool = False
+                   ) -> tf.data.Dataset:
+        """A `tf.data.Dataset` of `(data, BufferInfo)`, as TF-Agents.
+
+        `single_deterministic_pass=False`: an infinite dataset of `get_next(sample_batch_size, num_steps)`
+        draws that reads the live buffer. With `sample_batch_size=None` samples are drawn
+        `_UNBATCHED_CHUNK` at a time and unbatched (each is still an independent uniform draw; a chunk
+        sees one snapshot of the buffer), which keeps `.batch(256)` after it fast.
+
+        `single_deterministic_pass=True`: every stored step once, segment by segment in time order (with
+        `sample_batch_size`, `sample_batch_size` segments side by side), windowed by `num_steps` with
+        `dataset_window_shift`; ids are TF-Agents' `segment * max_length + logical_id`. Unlike
+        TF-Agents 0.19, the data is read from the right rows after the ring has wrapped (TF-Agents reads
+        row `id % capacity`, which belongs to the next segment once ids exceed `max_length`).
+        """
+        self._check_list_free_spec()
+        sample_batch_size, num_steps = self._check_sample_args(sample_batch_size, num_steps)
+        if single_deterministic_pass:
+            return self._deterministic_dataset(sample_batch_size, num_steps, num_parallel_calls)
+        if sample_batch_size is None:
+            chunk = self._get_next_fn_for_dataset(_UNBATCHED_CHUNK, num_steps)
+            return tf.data.Dataset.counter().map(chunk, num_parallel_calls=num_parallel_calls).unbatch()
+        return tf.data.Dataset.counter().map(self._get_next_fn_for_dataset(sample_batch_size, num_steps),
+                                             num_parallel_calls=num_parallel_calls)
+
+    def _get_next_fn_for_dataset(self, sample_batch_size, num_steps):
+        def fn(_):
+            with tf.device(self._device), tf.name_scope(self._scope):
+                return self._get_next_impl(sample_batch_size, num_steps, True)
+        return fn
+
+    def _deterministic_dataset(self, sample_batch_size, num_steps, num_parallel_calls):
+        batch_size, max_length = self._batch_size, self._max_length
+        drop = self._dataset_drop_remainder
+        if drop and sample_batch_size is not None and sample_batch_size > batch_size:
+            raise ValueError(f"sample_batch_size ({sample_batch_size}) > batch_size ({batch_size}) with "
+                             f"dataset_drop_remainder=True would drop all data; lower sample_batch_size")
+        shift = self._dataset_window_shift
+        state = self._state
+
+        def row_ids(_):
+            lo, hi = _ring.valid_range(state.last_id.read_value(), max_length, None)
+            check = tf.debugging.assert_less(lo, hi, message=f"{type(self).__name__} is empty: add items "
+                                                             f"with add_batch before asking it for data.")
+            with tf.control_dependencies([check]):
+                frames = tf.range(lo, hi)
+
+            def physical(ids):
+                # ids = segment * max_length + logical id, with lo <= logical id < lo + max_length.
+                segment = tf.math.floordiv(ids - lo, max_length)
+                return ids, _ring.rows_for(ids - segment * max_length, segment, None, max_length, batch_size)
+
+            if sample_batch_size is None:
+                def per_segment(b):
+                    ids = tf.data.Dataset.from_tensor_slices(b * max_length + frames)
+                    if num_steps is not None:
+                        ids = ids.window(num_steps, shift=shift).flat_map(
+                            lambda w: w.batch(num_steps, drop_remainder=drop))
+                    return ids
+                ds = tf.data.Dataset.range(batch_size).flat_map(per_segment)
+            else:
+                ds = tf.data.Dataset.range(batch_size).batch(sample_batch_size, drop_remainder=drop).flat_map(
+                    lambda b: tf.data.Dataset.from_tensor_slices(frames[:, None] + b * max_length))
+                if num_steps is not None:
+                    ds = ds.window(num_steps, shift=shift).flat_map(
+                        lambda w: w.batch(num_steps, drop_remainder=True)).map(tf.transpose)
+            return ds.map(physical)
+
+        def read(ids, rows):
+            with tf.device(self._device):
+                flat = _ring.gather(state, rows)
+            return specs.pack_sequence_as(self._data_spec, flat), BufferInfo(ids=ids, probabilities=())
+
+        return tf.data.Dataset.range(1).flat_map(row_ids).map(read, num_parallel_calls=num_parallel_calls)
+
+    def gather_all(self):
+        """Every stored step, `[batch_size, T, ...]` in logical time order (oldest first), as TF-Agents."""
+        return self._run("gather_all", self._gather_all_impl)
+
+    def _gather_all_impl(self):
+        lo, hi = _ring.valid_range(self._state.last_id.read_value(), self._max_length, None)
+        ids = tf.range(lo, hi)
+        segments = tf.range(self._batch_size, dtype=tf.int64)
+        rows = _ring.rows_for(ids[None, :], segments[:, None], None, self._max_length, self._batch_size)
+        return specs.pack_sequence_as(self._data_spec, _ring.gather(self._state, rows))
+
+
+def _all_nodes(nest):
+    yield nest
+    if isinstance(nest, dict):
+        for v in nest.values():
+            yield from _all_nodes(v)
+    elif isinstance(nest, (list, tuple)):
+        for v in nest:
+            yield from _all_nodes(v)
+
+
+TFUniformReplayBuffer = UniformReplayBuffer

@@ -188,9 +188,19 @@ def _varint(value: int) -> bytes:
     return bytes(out)
 
 
+def _as_bytes(value) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, np.ndarray):  # a 0-d array stored as an element of an object array
+        return _as_bytes(value.item())
+    if isinstance(value, str):
+        return value.encode()
+    raise TypeError(f"string tensors hold bytes or str, got {type(value).__name__}: {value!r}")
+
+
 def _encode_string_list(array: np.ndarray) -> bytes:
     # TF's EncodeStringList: every length as a varint, then every string's bytes.
-    values = [v if isinstance(v, bytes) else str(v).encode() for v in array.reshape(-1)]
+    values = [_as_bytes(v) for v in array.reshape(-1)]
     return b"".join([_varint(len(v)) for v in values] + values)
 
 
@@ -250,7 +260,7 @@ def chunk_to_proto(chunk: chunk_store.Chunk, *, delta_encoded: Optional[bool] = 
 
 def _total_bytes(array: np.ndarray) -> int:
     if array.dtype == object:
-        return sum(len(v) for v in array.reshape(-1))
+        return sum(len(_as_bytes(v)) for v in array.reshape(-1))
     return array.nbytes
 
 

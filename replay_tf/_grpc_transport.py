@@ -1,0 +1,376 @@
+"""The remote transport of `replay_tf.Client`: Reverb's gRPC protocol to any server (ours or dm-reverb's).
+
+Implements `replay_tf.client.Transport` over `deepmind.reverb.ReverbService`:
+  - insert streams encode each item's chunks once (`wire.codec`, as Reverb's writers do), send every chunk
+    at most once per stream and list in `keep_chunk_keys` the sent chunks the writer may still refer to:
+    those still alive in this process (a chunk the writer's history and queued items dropped is garbage,
+    so no later item can use it). Requests are assembled by the gRPC sending thread from everything queued
+    at that moment (up to ~4 MiB), so `send` never blocks and fast writers get big requests;
+  - sample streams ask for `num_samples_per_request` samples per request (the next one once those have
+    arrived) and hand back whatever complete samples each response holds as one flexible batch; chunks are
+    decoded once per stream (a cache keyed by chunk key and row count).
+
+gRPC failures become Reverb's Python errors: DEADLINE_EXCEEDED -> `DeadlineExceededError`,
+INVALID_ARGUMENT / NOT_FOUND / FAILED_PRECONDITION -> `ValueError`, others -> `ReverbError`.
+"""
+from __future__ import annotations
+
+import collections
+import datetime
+import queue
+import threading
+import time
+import weakref
+from typing import Any, Dict, Optional
+
+import grpc
+
+from replay_tf import errors
+from replay_tf.core import chunk_store as chunk_store_lib
+from replay_tf.core import table as table_lib
+from replay_tf.wire import codec
+from replay_tf.wire import reverb_service_pb2
+from replay_tf.wire import schema_pb2
+
+_SERVICE = "/deepmind.reverb.ReverbService/"
+_CHANNEL_OPTIONS = [
+    ("grpc.max_receive_message_length", -1),
+    ("grpc.max_send_message_length", -1),
+    ("grpc.max_reconnect_backoff_ms", 30_000),  # as Reverb's client
+]
+_MAX_REQUEST_BYTES = 4 << 20       # assemble queued items into requests up to about this size
+_CHUNK_CACHE_SIZE = 4096           # decoded chunks kept per sample stream
+_CLOSE_TIMEOUT_S = 10.0
+_CLOSE = object()
+
+
+def translate_error(error: grpc.RpcError, what: str) -> Exception:
+    """A Python error for a failed call, as Reverb's client raises them."""
+    code = error.code() if hasattr(error, "code") else None
+    details = error.details() if hasattr(error, "details") else str(error)
+    message = f"{what}: {details}" if details else what
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return errors.DeadlineExceededError(details or message)
+    if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
+                grpc.StatusCode.FAILED_PRECONDITION):
+        return ValueError(message)
+    if code == grpc.StatusCode.CANCELLED:
+        return errors.CancelledError(message)
+    return errors.ReverbError(f"{message} (gRPC status {code.name if code else 'unknown'})")
+
+
+def _identity(value: bytes) -> bytes:
+    return value
+
+
+class _InsertStream:
+    """An `InsertStream` of `replay_tf.client` over one gRPC InsertStream call (opened on first send)."""
+
+    supports_open_chunks = False
+
+    def __init__(self, channel: grpc.Channel):
+        self._channel = channel
+        self._queue: queue.Queue = queue.Queue()
+        self._lock = threading.Lock()
+        self._confirmed_cv = threading.Condition(self._lock)
+        self._unconfirmed = 0
+        self._error: Optional[Exception] = None
+        self._call = None
+        self._closing = False
+        self._reader: Optional[threading.Thread] = None
+        # Chunks the server holds for this stream; entries vanish when the writer drops a chunk.
+        self._sent: "weakref.WeakValueDictionary[int, chunk_store_lib.Chunk]" = weakref.WeakValueDictionary()
+
+    def _start(self) -> None:
+        method = self._channel.stream_stream(_SERVICE + "InsertStream", request_serializer=_identity,
+                                             response_deserializer=_identity)
+        self._call = method(self._requests(), wait_for_ready=True)
+        self._reader = threading.Thread(target=self._read, name="replay_tf-insert-confirmations", daemon=True)
+        self._reader.start()
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def send(self, table: str, item: chunk_store_lib.Item) -> None:
+        with self._lock:
+            self._raise_if_failed()
+            self._unconfirmed += 1
+            if self._call is None:
+                self._start()
+        self._queue.put((table, item))
+
+    def _requests(self):
+        """Runs in gRPC's sending thread: turns queued items into InsertStreamRequests."""
+        while True:
+            first = self._queue.get()
+            if first is _CLOSE:
+                return
+            queued = [first]
+            size = 0
+            closing = False
+            extra = None
+            while size < _MAX_REQUEST_BYTES:
+                try:
+                    extra = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if extra is _CLOSE:
+                    closing = True
+                    break
+                queued.append(extra)
+                size += sum(len(codec.serialized_chunk(c)) for c in extra[1].chunks.values()
+                            if c.key not in self._sent)
+            request = reverb_service_pb2.InsertStreamRequest()
+            chunks = []
+            for table, item in queued:
+                for chunk in item.chunks.values():
+                    if chunk.key not in self._sent:
+                        self._sent[chunk.key] = chunk
+                        chunks.append(codec.serialized_chunk(chunk))
+                request.items.append(codec.item_to_proto(item, table, times_sampled=0))
+            # Drop our own references so that only the writer decides which chunks stay alive.
+            queued = first = extra = table = item = chunk = None
+            # Every sent chunk still alive may be used by a later item: the server must keep it.
+            request.keep_chunk_keys.extend(self._sent.keys())
+            serialized = request.SerializeToString()
+            # ChunkData bytes are appended as repeated field 1 (chunks) without re-parsing them.
+            yield b"".join([serialized] + [b"\x0a" + _varint(len(c)) + c for c in chunks])
+            if closing:
+                return
+
+    def _read(self) -> None:
+        try:
+            for raw in self._call:
+                keys = reverb_service_pb2.InsertStreamResponse.FromString(raw).keys
+                with self._lock:
+                    self._unconfirmed -= len(keys)
+                    self._confirmed_cv.notify_all()
+        except grpc.RpcError as e:
+            with self._lock:
+                if not self._closing:
+                    self._error = translate_error(e, "InsertStream failed")
+        with self._lock:
+            if self._error is None and self._unconfirmed > 0:
+                self._error = errors.ReverbError(f"InsertStream ended with {self._unconfirmed} unconfirmed items")
+            self._confirmed_cv.notify_all()
+
+    def flush(self, block_until_num_items: int = 0, timeout_ms: Optional[int] = None) -> None:
+        deadline = None if timeout_ms is None or timeout_ms < 0 else time.monotonic() + timeout_ms / 1000.0
+        with self._lock:
+            while self._unconfirmed > block_until_num_items:
+                self._raise_if_failed()
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise errors.DeadlineExceededError(
+                        f"Flush call did not complete within provided timeout of "
+                        f"{datetime.timedelta(milliseconds=timeout_ms)}")
+                self._confirmed_cv.wait(remaining if remaining is not None else 1.0)
+            self._raise_if_failed()
+
+    def num_pending(self) -> int:
+        return self._unconfirmed
+
+    def close(self) -> None:
+        if self._call is None:
+            return
+        with self._lock:
+            self._closing = True
+        self._queue.put(_CLOSE)
+        if self._unconfirmed:
+            self._call.cancel()  # unflushed items are dropped, as documented
+        self._reader.join(_CLOSE_TIMEOUT_S)
+        if self._reader.is_alive():
+            self._call.cancel()
+            self._reader.join(_CLOSE_TIMEOUT_S)
+        self._call = None
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+class _SampleStream:
+    """A `SampleStream` of `replay_tf.client` over gRPC SampleStream calls."""
+
+    def __init__(self, channel: grpc.Channel, table: str, num_samples_per_request: int,
+                 rate_limiter_timeout_ms: Optional[int], max_samples_per_stream: Optional[int]):
+        if num_samples_per_request < 1:
+            raise ValueError(f"num_samples_per_request ({num_samples_per_request}) must be >= 1")
+        self._method = channel.stream_stream(_SERVICE + "SampleStream", request_serializer=_identity,
+                                             response_deserializer=_identity)
+        self._table = table
+        self._num_samples = num_samples_per_request
+        self._max_samples_per_stream = max_samples_per_stream
+        timeout = -1 if rate_limiter_timeout_ms is None or rate_limiter_timeout_ms < 0 else rate_limiter_timeout_ms
+        if timeout == 0:
+            timeout = 1  # Reverb servers read 0 as "wait forever"; the caller asked not to wait
+        self._timeout_ms = timeout
+        self._requests: Optional[queue.Queue] = None
+        self._call = None
+        self._responses = None
+        self._outstanding = 0        # samples asked for and not yet received
+        self._stream_samples = 0     # samples received on the current call
+        self._partial: Optional[tuple] = None   # (info, {chunk key: Chunk}) of a sample split over responses
+        self._chunks: "collections.OrderedDict" = collections.OrderedDict()
+
+    def _request(self, count: int) -> bytes:
+        request = reverb_service_pb2.SampleStreamRequest(table=self._table, num_samples=count)
+        request.rate_limiter_timeout.milliseconds = self._timeout_ms
+        return request.SerializeToString()
+
+    def _open(self) -> None:
+        self._requests = queue.Queue()
+        requests = self._requests
+
+        def iterate():
+            while True:
+                request = requests.get()
+                if request is _CLOSE:
+                    return
+                yield request
+
+        self._call = self._method(iterate(), wait_for_ready=True)
+        self._responses = iter(self._call)
+        self._stream_samples = 0
+        self._outstanding = 0
+        self._partial = None
+
+    def _ask(self) -> None:
+        count = self._num_samples
+        if self._max_samples_per_stream is not None:
+            count = min(count, self._max_samples_per_stream - self._stream_samples)
+        self._outstanding = count
+        self._requests.put(self._request(count))
+
+    def next_batch(self) -> list:
+        while True:
+            if self._call is None:
+                self._open()
+            if self._outstanding == 0:
+                if (self._max_samples_per_stream is not None
+                        and self._stream_samples >= self._max_samples_per_stream):
+                    self.close()  # re-open to rebalance across servers, as Reverb's sampler does
+                    continue
+                self._ask()
+            try:
+                raw = next(self._responses)
+            except StopIteration:
+                self.close()
+                raise errors.ReverbError(f"SampleStream of table '{self._table}' ended before the samples asked "
+                                         f"for arrived") from None
+            except grpc.RpcError as e:
+                self.close()
+                raise translate_error(e, f"Sampling table '{self._table}' failed") from None
+            batch = self._samples(reverb_service_pb2.SampleStreamResponse.FromString(raw))
+            if batch:
+                self._outstanding -= len(batch)
+                self._stream_samples += len(batch)
+                return batch
+
+    def _chunk(self, proto: schema_pb2.ChunkData) -> chunk_store_lib.Chunk:
+        # A chunk of one key may have grown (in-process writers' open chunks): key the cache by its rows too.
+        cache_key = (proto.chunk_key, proto.sequence_range.end)
+        chunk = self._chunks.get(cache_key)
+        if chunk is not None:
+            self._chunks.move_to_end(cache_key)
+            return chunk
+        sequence_range = chunk_store_lib.SequenceRange(proto.sequence_range.episode_id, proto.sequence_range.start,
+                                                       proto.sequence_range.end, proto.sequence_range.sparse)
+        chunk = chunk_store_lib.Chunk(proto.chunk_key, codec.decode_chunk_tensors(proto), sequence_range,
+                                      delta_encoded=proto.delta_encoded)
+        self._chunks[cache_key] = chunk
+        if len(self._chunks) > _CHUNK_CACHE_SIZE:
+            self._chunks.popitem(last=False)
+        return chunk
+
+    def _samples(self, response) -> list:
+        out = []
+        for entry in response.entries:
+            if entry.HasField("info"):
+                self._partial = (entry.info, {})
+            if self._partial is None:
+                raise errors.ReverbError("SampleStream sent sample data before its info")
+            chunks = self._partial[1]
+            for proto in entry.data:
+                chunks[proto.chunk_key] = self._chunk(proto)
+            if entry.end_of_sequence:
+                info, chunks = self._partial
+                self._partial = None
+                item_proto = info.item
+                item = chunk_store_lib.Item(item_proto.key, item_proto.priority,
+                                            codec.trajectory_from_proto(item_proto.flat_trajectory),
+                                            chunks.values(), times_sampled=item_proto.times_sampled,
+                                            inserted_at=item_proto.inserted_at.seconds * 1_000_000_000
+                                            + item_proto.inserted_at.nanos)
+                out.append(table_lib.SampledItem(item, item_proto.priority, item_proto.times_sampled,
+                                                 info.probability, info.table_size, info.rate_limited))
+        return out
+
+    def close(self) -> None:
+        if self._call is not None:
+            self._requests.put(_CLOSE)
+            self._call.cancel()
+            self._call = None
+            self._responses = None
+
+
+class Transport:
+    """`replay_tf.client.Transport` to a Reverb-protocol server at `server_address` (`host:port`)."""
+
+    def __init__(self, server_address: str):
+        self._address = server_address
+        self._channel = grpc.insecure_channel(server_address, options=_CHANNEL_OPTIONS)
+        self._unary = {
+            name: self._channel.unary_unary(_SERVICE + name, request_serializer=_identity,
+                                            response_deserializer=_identity)
+            for name in ("Checkpoint", "MutatePriorities", "Reset", "ServerInfo")}
+
+    def __repr__(self) -> str:
+        return f"Transport({self._address!r})"
+
+    def _call(self, name: str, request, response_class, timeout_s: Optional[float] = None):
+        try:
+            raw = self._unary[name](request.SerializeToString(), timeout=timeout_s, wait_for_ready=True)
+        except grpc.RpcError as e:
+            raise translate_error(e, f"{name} call to {self._address} failed") from None
+        return response_class.FromString(raw)
+
+    def open_insert_stream(self) -> _InsertStream:
+        return _InsertStream(self._channel)
+
+    def open_sample_stream(self, table: str, num_samples_per_request: int,
+                           rate_limiter_timeout_ms: Optional[int], *,
+                           max_samples_per_stream: Optional[int] = None) -> _SampleStream:
+        return _SampleStream(self._channel, table, num_samples_per_request, rate_limiter_timeout_ms,
+                             max_samples_per_stream)
+
+    def mutate_priorities(self, table: str, updates: list, deletes: list) -> None:
+        request = reverb_service_pb2.MutatePrioritiesRequest(table=table, delete_keys=[int(k) for k in deletes])
+        for key, priority in updates:
+            request.updates.add(key=int(key), priority=float(priority))
+        self._call("MutatePriorities", request, reverb_service_pb2.MutatePrioritiesResponse)
+
+    def reset(self, table: str) -> None:
+        self._call("Reset", reverb_service_pb2.ResetRequest(table=table), reverb_service_pb2.ResetResponse)
+
+    def server_info(self, timeout_s: Optional[float] = None) -> Dict[str, Any]:
+        try:
+            response = self._call("ServerInfo", reverb_service_pb2.ServerInfoRequest(),
+                                  reverb_service_pb2.ServerInfoResponse, timeout_s)
+        except errors.DeadlineExceededError as e:
+            raise errors.DeadlineExceededError(
+                f"ServerInfo call did not complete within provided timeout of {timeout_s}s") from e
+        return {info.name: codec.table_info_from_proto(info) for info in response.table_info}
+
+    def checkpoint(self) -> str:
+        return self._call("Checkpoint", reverb_service_pb2.CheckpointRequest(),
+                          reverb_service_pb2.CheckpointResponse).checkpoint_path
+
+    def close(self) -> None:
+        self._channel.close()

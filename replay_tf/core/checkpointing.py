@@ -1,0 +1,255 @@
+"""Directory checkpoints of a server's tables: atomic, restored at start, no pickle.
+
+`DirectoryCheckpointer(root)` is the `checkpointer=` of `replay_tf.Server`:
+  - `save(server)` writes `<root>/<UTC timestamp>/` with three record files (the same messages as Reverb's
+    checkpoints: `PriorityTableCheckpoint` per table with its rate-limiter counters, `ChunkData` per chunk
+    (deduplicated across items and tables, still Snappy-compressed), `PrioritizedItem` per item in
+    insertion order, with priority, times_sampled and inserted_at) and returns that path.
+    Everything is written to `<root>/.partial-<name>/`, flushed to disk, completed by a `DONE` file and
+    only then renamed into place, so a crash at any point leaves the previous checkpoint loadable. Older
+    checkpoints beyond `keep_latest` are deleted afterwards.
+  - `load_latest(server)` restores the newest complete checkpoint (or `fallback_checkpoint_path`) into the
+    server's tables when the server starts.
+
+Restored tables keep the configuration the user passes to `Table(...)` now (sampler, remover, max_size,
+max_times_sampled, rate limiter, signature); only names must match (a checkpointed table the server lacks
+is a ValueError). Reverb instead restores the checkpointed configuration over the user's, and a rate
+limiter restored with its old settings and counters can block inserts forever (reverb#103). Here:
+  - same rate-limiter settings as when saved: the counters (inserts, samples, deletes) are restored
+    exactly, so training resumes where it stopped;
+  - different settings: the limiter starts as if the restored items had just been inserted
+    (`inserts = len(items)`, `samples = max(0, ceil(len(items) * samples_per_insert - max_diff))`), so
+    inserts and samples are admitted under the new settings at once, never blocked by stale counters.
+A table holding more items than its (new) `max_size` keeps the most recently inserted ones.
+
+>>> import tempfile, replay_tf as reverb
+>>> root = tempfile.mkdtemp()
+>>> server = reverb.Server([reverb.Table.queue('q', 10)], checkpointer=DirectoryCheckpointer(root))
+>>> reverb.Client(f'localhost:{server.port}').insert([1.0], priorities={'q': 1.0})
+>>> path = server.checkpoint(); server.stop()
+>>> restored = reverb.Server([reverb.Table.queue('q', 10)], checkpointer=DirectoryCheckpointer(root))
+>>> restored.tables['q'].size()
+1
+>>> restored.stop()
+"""
+from __future__ import annotations
+
+import datetime
+import math
+import os
+import shutil
+import struct
+import zlib
+from typing import Iterator, Optional
+
+from replay_tf.core import chunk_store as chunk_store_lib
+
+__all__ = ["DirectoryCheckpointer"]
+
+_TABLES_FILE = "tables.records"
+_CHUNKS_FILE = "chunks.records"
+_ITEMS_FILE = "items.records"
+_DONE_FILE = "DONE"
+_PARTIAL_PREFIX = ".partial-"
+_HEADER = struct.Struct("<QI")  # record length, CRC32 of the record
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is missing, incomplete or corrupt."""
+
+
+def _write_records(path: str, records: Iterator[bytes]) -> None:
+    with open(path, "wb") as f:
+        for record in records:
+            f.write(_HEADER.pack(len(record), zlib.crc32(record)))
+            f.write(record)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _read_records(path: str) -> Iterator[bytes]:
+    with open(path, "rb") as f:
+        while True:
+            header = f.read(_HEADER.size)
+            if not header:
+                return
+            if len(header) < _HEADER.size:
+                raise CheckpointError(f"{path}: truncated record header")
+            length, crc = _HEADER.unpack(header)
+            record = f.read(length)
+            if len(record) != length or zlib.crc32(record) != crc:
+                raise CheckpointError(f"{path}: truncated or corrupt record")
+            yield record
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class DirectoryCheckpointer:
+    """Checkpoints a server's tables into timestamped directories under `root`.
+
+    Args:
+      root: Directory holding the checkpoints (created if needed).
+      keep_latest: How many complete checkpoints to keep (>= 1; Reverb keeps 1).
+      fallback_checkpoint_path: A checkpoint directory restored when `root` holds none.
+    """
+
+    def __init__(self, root: str, *, keep_latest: int = 1, fallback_checkpoint_path: Optional[str] = None):
+        if keep_latest < 1:
+            raise ValueError(f"keep_latest ({keep_latest}) must be >= 1")
+        self.root = os.path.abspath(root)
+        self.keep_latest = keep_latest
+        self.fallback_checkpoint_path = fallback_checkpoint_path
+        os.makedirs(self.root, exist_ok=True)
+
+    def __repr__(self) -> str:
+        return f"DirectoryCheckpointer(root={self.root!r}, keep_latest={self.keep_latest})"
+
+    # --- saving ---
+
+    def save(self, server) -> str:
+        """Writes a checkpoint of every table of `server`; returns its directory."""
+        from replay_tf.wire import checkpoint_pb2  # noqa: PLC0415  (protos load TF; only needed here)
+        from replay_tf.wire import codec  # noqa: PLC0415
+
+        now = datetime.datetime.now(datetime.timezone.utc)
+        name = now.strftime("%Y%m%dT%H%M%S.%fZ")
+        final = os.path.join(self.root, name)
+        while os.path.exists(final):  # two checkpoints within a microsecond
+            name += "_"
+            final = os.path.join(self.root, name)
+        partial = os.path.join(self.root, _PARTIAL_PREFIX + name)
+        os.makedirs(partial)
+
+        table_records, item_records, chunks = [], [], {}
+        for table_name, table in sorted(server.tables.items()):
+            items = table.items_snapshot()
+            state = table.state_snapshot()
+            info = table.info
+            proto = checkpoint_pb2.PriorityTableCheckpoint(
+                table_name=table_name, max_size=info.max_size, max_times_sampled=info.max_times_sampled,
+                num_deleted_episodes=state["num_deleted_episodes"], num_unique_samples=state["num_unique_samples"])
+            limiter = info.rate_limiter_info
+            proto.rate_limiter.samples_per_insert = limiter.samples_per_insert
+            proto.rate_limiter.min_diff = limiter.min_diff
+            proto.rate_limiter.max_diff = limiter.max_diff
+            proto.rate_limiter.min_size_to_sample = limiter.min_size_to_sample
+            proto.rate_limiter.insert_count = state["inserts"]
+            proto.rate_limiter.sample_count = state["samples"]
+            proto.rate_limiter.delete_count = state["deletes"]
+            proto.sampler.CopyFrom(codec.key_distribution_options_to_proto(info.sampler_options))
+            proto.remover.CopyFrom(codec.key_distribution_options_to_proto(info.remover_options))
+            if info.signature is not None:
+                proto.signature.CopyFrom(codec.encode_signature(info.signature))
+            table_records.append(proto.SerializeToString())
+            for item in items:
+                for chunk in item.chunks.values():
+                    chunks.setdefault(chunk.key, chunk)
+                item_records.append(codec.item_to_proto(item, table_name).SerializeToString())
+        try:
+            _write_records(os.path.join(partial, _CHUNKS_FILE),
+                           (codec.serialized_chunk(c) for c in chunks.values()))
+            _write_records(os.path.join(partial, _ITEMS_FILE), iter(item_records))
+            _write_records(os.path.join(partial, _TABLES_FILE), iter(table_records))
+            _write_records(os.path.join(partial, _DONE_FILE), iter(()))
+            _fsync_dir(partial)
+            os.rename(partial, final)  # atomic: the checkpoint appears complete or not at all
+            _fsync_dir(self.root)
+        except BaseException:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise
+        self._delete_old(keep=final)
+        return final
+
+    def _complete(self) -> list:
+        """Complete checkpoint directories, newest first."""
+        names = [n for n in os.listdir(self.root)
+                 if not n.startswith(".") and os.path.isfile(os.path.join(self.root, n, _DONE_FILE))]
+        return [os.path.join(self.root, n) for n in sorted(names, reverse=True)]
+
+    def _delete_old(self, keep: str) -> None:
+        for path in self._complete()[self.keep_latest:]:
+            if path != keep:
+                shutil.rmtree(path, ignore_errors=True)
+        for name in os.listdir(self.root):  # leftovers of interrupted saves
+            if name.startswith(_PARTIAL_PREFIX):
+                shutil.rmtree(os.path.join(self.root, name), ignore_errors=True)
+
+    def latest_checkpoint(self) -> Optional[str]:
+        """The newest complete checkpoint under `root`, else `fallback_checkpoint_path`, else None."""
+        complete = self._complete()
+        if complete:
+            return complete[0]
+        return self.fallback_checkpoint_path
+
+    # --- loading ---
+
+    def load_latest(self, server) -> bool:
+        """Restores the newest complete checkpoint into `server`'s (empty) tables; False if there is none."""
+        path = self.latest_checkpoint()
+        if path is None:
+            return False
+        self.load(path, server)
+        return True
+
+    def load(self, path: str, server) -> None:
+        """Restores the checkpoint at `path` into `server`'s tables (see the module docstring)."""
+        from replay_tf.wire import checkpoint_pb2  # noqa: PLC0415
+        from replay_tf.wire import codec  # noqa: PLC0415
+        from replay_tf.wire import schema_pb2  # noqa: PLC0415
+
+        if not os.path.isfile(os.path.join(path, _DONE_FILE)):
+            raise CheckpointError(f"{path} is not a complete checkpoint (no {_DONE_FILE} file)")
+        tables = server.tables
+        checkpoints = [checkpoint_pb2.PriorityTableCheckpoint.FromString(r)
+                       for r in _read_records(os.path.join(path, _TABLES_FILE))]
+        unknown = sorted(c.table_name for c in checkpoints if c.table_name not in tables)
+        if unknown:
+            raise ValueError(f"checkpoint {path} has tables {unknown} that the server does not have "
+                             f"(it has {sorted(tables)}); table names must match to restore")
+        chunks = {}
+        for record in _read_records(os.path.join(path, _CHUNKS_FILE)):
+            chunk, _ = codec.chunk_from_proto(schema_pb2.ChunkData.FromString(record), record)
+            chunks[chunk.key] = chunk
+        items: dict = {c.table_name: [] for c in checkpoints}
+        for record in _read_records(os.path.join(path, _ITEMS_FILE)):
+            proto = schema_pb2.PrioritizedItem.FromString(record)
+            trajectory = codec.trajectory_from_proto(proto.flat_trajectory)
+            keys = {s.chunk_key for column in trajectory for s in column.slices}
+            missing = sorted(keys - chunks.keys())
+            if missing:
+                raise CheckpointError(f"checkpoint {path}: item {proto.key} refers to missing chunks {missing}")
+            inserted_at = proto.inserted_at.seconds * 1_000_000_000 + proto.inserted_at.nanos
+            items[proto.table].append(chunk_store_lib.Item(
+                proto.key, proto.priority, trajectory, [chunks[k] for k in keys],
+                times_sampled=proto.times_sampled, inserted_at=inserted_at))
+        store = getattr(server, "chunk_store", None)
+        if store is not None:
+            for chunk in chunks.values():
+                store.insert(chunk)
+        for checkpoint in checkpoints:
+            table = tables[checkpoint.table_name]
+            restored = sorted(items[checkpoint.table_name], key=lambda it: it.inserted_at)
+            restored = restored[-table.max_size:]
+            table.restore(restored, _limiter_state(checkpoint, table, len(restored)))
+
+
+def _limiter_state(checkpoint, table, num_items: int) -> dict:
+    """Counters for the restored table: exact when its limiter settings are unchanged, else rebalanced."""
+    saved = checkpoint.rate_limiter
+    now = table.info.rate_limiter_info
+    same = (saved.samples_per_insert, saved.min_diff, saved.max_diff, saved.min_size_to_sample) == (
+        now.samples_per_insert, now.min_diff, now.max_diff, now.min_size_to_sample)
+    if same and saved.insert_count - saved.delete_count == num_items:
+        inserts, samples, deletes = saved.insert_count, saved.sample_count, saved.delete_count
+    else:
+        inserts, deletes = num_items, 0
+        samples = max(0, math.ceil(num_items * now.samples_per_insert - now.max_diff))
+    return {"inserts": inserts, "samples": samples, "deletes": deletes,
+            "num_deleted_episodes": checkpoint.num_deleted_episodes,
+            "num_unique_samples": checkpoint.num_unique_samples}

@@ -1,0 +1,470 @@
+"""The gRPC `deepmind.reverb.ReverbService` over the table core: what makes a `Server` reachable by Reverb.
+
+`start(server)` is the hook `replay_tf.Server` calls: it serves the server's tables on `server.host`
+(localhost unless the user chose otherwise) and `server.port`, and returns a handle with `stop()`.
+
+Protocol (see ../shared/reference/reverb.md §2), as a dm-reverb 0.14 client expects it:
+  - `InsertStream`: requests carry chunks and items; chunks live in a per-stream map until an item refers to
+    them, and only the chunks listed in `keep_chunk_keys` survive a request with items. Items are inserted
+    in order, blocking on the rate limiter (the stream is not read meanwhile: back-pressure); the keys of
+    inserted items are sent back as confirmations.
+  - `SampleStream`: each request asks for `num_samples`; the table answers in flexible batches (64 first,
+    then doubling) and every sample becomes one or more entries (the first carries `info`, the last has
+    `end_of_sequence`), several samples per response up to ~2 MiB. A rate-limiter timeout with nothing
+    sampled ends the stream with DEADLINE_EXCEEDED and Reverb's message.
+  - `InitializeConnection` always answers `address=0`: Reverb clients then sample over gRPC (a table
+    pointer can never be shared with another process, and Python objects have no C++ address anyway).
+  - Chunks are stored as received (serialized `ChunkData`) and sent back without re-encoding; they are
+    decoded only when an in-process client reads them.
+
+Errors never stop the server: a malformed or inconsistent request ends its own stream with a precise
+status (INVALID_ARGUMENT for bad bytes, shapes or dtypes, NOT_FOUND for an unknown table,
+FAILED_PRECONDITION for references to chunks the stream does not hold, CANCELLED when the server stops)
+and the chunks held for that stream are released.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import logging
+import threading
+import time
+import weakref
+from typing import Iterator, Optional
+
+import grpc
+import numpy as np
+from google.protobuf import message as protobuf_message
+
+from replay_tf import errors
+from replay_tf.core import chunk_store as chunk_store_lib
+from replay_tf.core import table as table_lib
+from replay_tf.wire import _raw
+from replay_tf.wire import codec
+from replay_tf.wire import reverb_service_pb2
+from replay_tf.wire import schema_pb2
+
+__all__ = [
+    "DEFAULT_MAX_MESSAGE_BYTES",
+    "GrpcService",
+    "SERVICE_NAME",
+    "start",
+]
+
+SERVICE_NAME = "deepmind.reverb.ReverbService"
+
+#: Largest request accepted by default. Reverb's writers send requests of up to 40 MiB, and one chunk of a
+#: large step may be bigger; Reverb itself accepts any size.
+DEFAULT_MAX_MESSAGE_BYTES = 256 << 20
+DEFAULT_MAX_WORKERS = 64
+
+_RESPONSE_TARGET_BYTES = 2 << 20   # start a new SampleStreamResponse past this size (Reverb's 2 MiB)
+_FIRST_SAMPLE_BATCH = 64           # Reverb's flexible batches: 64 samples first, then doubling
+_MAX_SAMPLE_BATCH = 1024
+_WAIT_SLICE_MS = 250               # blocked inserts and samples check this often that their client is there
+
+_log = logging.getLogger(__name__)
+
+
+class _StatusError(Exception):
+    """Ends the current RPC with `code` and `details`."""
+
+    def __init__(self, code: grpc.StatusCode, details: str):
+        super().__init__(details)
+        self.code = code
+        self.details = details
+
+
+def _parse(message_class, raw: bytes):
+    try:
+        return message_class.FromString(raw)
+    except (protobuf_message.DecodeError, TypeError, ValueError) as e:
+        raise _StatusError(grpc.StatusCode.INVALID_ARGUMENT,
+                           f"malformed {message_class.DESCRIPTOR.name} ({len(raw)} bytes): {e}") from None
+
+
+class _TableEntry:
+    """A table and what the service caches about it."""
+
+    def __init__(self, table: table_lib.Table):
+        self.table = table
+        self.name = table.name
+        self.table_field = _raw.table_field(table.name)
+        self.signature_entries = (table_lib._signature_entries(table.signature)
+                                  if table.signature is not None else None)
+        self._signature_proto = None
+
+    def info_proto(self) -> schema_pb2.TableInfo:
+        info = self.table.info
+        proto = codec.table_info_to_proto(dataclasses.replace(info, signature=None))
+        if info.signature is not None:
+            if self._signature_proto is None:
+                self._signature_proto = codec.encode_signature(info.signature)
+            proto.signature.CopyFrom(self._signature_proto)
+        return proto
+
+
+class ReverbServicer:
+    """The handlers of `deepmind.reverb.ReverbService` over a `replay_tf.Server`'s tables (raw bytes in/out)."""
+
+    def __init__(self, server):
+        self._server = server
+        self._tables = {name: _TableEntry(table) for name, table in server.tables.items()}
+        self._chunk_store = getattr(server, "chunk_store", None) or chunk_store_lib.ChunkStore()
+        state_id = int(getattr(server, "tables_state_id", 0))
+        self._tables_state_id = schema_pb2.Uint128(high=state_id >> 64, low=state_id & ((1 << 64) - 1))
+        # Serialized FlatTrajectory per item, built on its first sample (items are immutable but for priority).
+        self._trajectories: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+        self._trajectories_lock = threading.Lock()
+
+    # --- helpers ---
+
+    def _entry(self, name: str) -> _TableEntry:
+        entry = self._tables.get(name)
+        if entry is None:
+            raise _StatusError(grpc.StatusCode.NOT_FOUND,
+                               f"Priority table {name} was not found. The server has tables: {sorted(self._tables)}")
+        return entry
+
+    @staticmethod
+    def _run(context, handler, *args):
+        """Runs a unary handler, mapping failures to statuses."""
+        try:
+            return handler(*args)
+        except _StatusError as e:
+            context.abort(e.code, e.details)
+        except errors.CancelledError as e:
+            context.abort(grpc.StatusCode.CANCELLED, str(e))
+        except ValueError as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except Exception as e:  # noqa: BLE001  (one bad call must never take the server down)
+            _log.exception("internal error in ReverbService")
+            context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
+
+    @staticmethod
+    def _run_stream(context, generator) -> Iterator[bytes]:
+        """Drives a streaming handler, mapping failures to statuses."""
+        try:
+            yield from generator
+        except _StatusError as e:
+            context.abort(e.code, e.details)
+        except errors.CancelledError as e:
+            context.abort(grpc.StatusCode.CANCELLED, str(e))
+        except ValueError as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except grpc.RpcError:
+            return  # the client went away while we were reading its requests
+        except Exception as e:  # noqa: BLE001
+            _log.exception("internal error in ReverbService stream")
+            context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
+
+    # --- unary methods ---
+
+    def checkpoint(self, raw: bytes, context) -> bytes:
+        def run():
+            _parse(reverb_service_pb2.CheckpointRequest, raw)
+            if getattr(self._server, "checkpointer", None) is None:
+                raise _StatusError(grpc.StatusCode.INVALID_ARGUMENT,
+                                   "no Checkpointer configured for the replay service")
+            path = self._server.checkpoint()
+            return reverb_service_pb2.CheckpointResponse(checkpoint_path=str(path)).SerializeToString()
+        return self._run(context, run)
+
+    def mutate_priorities(self, raw: bytes, context) -> bytes:
+        def run():
+            request = _parse(reverb_service_pb2.MutatePrioritiesRequest, raw)
+            table = self._entry(request.table).table
+            table.mutate_items([(u.key, u.priority) for u in request.updates], list(request.delete_keys))
+            return b""
+        return self._run(context, run)
+
+    def reset(self, raw: bytes, context) -> bytes:
+        def run():
+            request = _parse(reverb_service_pb2.ResetRequest, raw)
+            self._entry(request.table).table.reset()
+            return b""
+        return self._run(context, run)
+
+    def server_info(self, raw: bytes, context) -> bytes:
+        def run():
+            _parse(reverb_service_pb2.ServerInfoRequest, raw)
+            response = reverb_service_pb2.ServerInfoResponse()
+            response.tables_state_id.CopyFrom(self._tables_state_id)
+            for entry in self._tables.values():
+                response.table_info.append(entry.info_proto())
+            return response.SerializeToString()
+        return self._run(context, run)
+
+    # --- InitializeConnection ---
+
+    def initialize_connection(self, request_iterator, context) -> Iterator[bytes]:
+        def run():
+            for raw in request_iterator:
+                _parse(reverb_service_pb2.InitializeConnectionRequest, raw)
+                # Never a pointer: the client falls back to sampling over gRPC.
+                yield reverb_service_pb2.InitializeConnectionResponse(address=0).SerializeToString()
+                return
+        return self._run_stream(context, run())
+
+    # --- InsertStream ---
+
+    def insert_stream(self, request_iterator, context) -> Iterator[bytes]:
+        return self._run_stream(context, self._insert_stream(request_iterator, context))
+
+    def _insert_stream(self, request_iterator, context) -> Iterator[bytes]:
+        held: dict = {}  # chunk key -> (Chunk, headers): this stream's chunks not yet owned by an item
+        try:
+            for raw in request_iterator:
+                request = _parse(reverb_service_pb2.InsertStreamRequest, raw)
+                if not request.chunks and not request.items:
+                    raise _StatusError(grpc.StatusCode.INVALID_ARGUMENT,
+                                       "InsertStreamRequest must contain at least one chunk or item")
+                for chunk_proto in request.chunks:
+                    if chunk_proto.chunk_key in held:
+                        continue  # the first copy wins, as in Reverb
+                    try:
+                        chunk, headers = codec.chunk_from_proto(chunk_proto)
+                    except codec.ChunkDecodeError as e:
+                        raise _StatusError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+                    held[chunk.key] = (self._chunk_store.insert(chunk), headers)
+                if not request.items:
+                    continue  # keep_chunk_keys only applies to requests with items
+                confirmed: list = []
+                for item_proto in request.items:
+                    entry = self._entry(item_proto.table)
+                    item = self._item(entry, item_proto, held)
+                    for keys in self._insert(entry.table, item, context, confirmed):
+                        yield keys
+                    confirmed.append(item.key)
+                keep = set(request.keep_chunk_keys)
+                for key in [k for k in held if k not in keep]:
+                    del held[key]
+                if len(held) != len(keep):
+                    missing = sorted(keep - set(held))
+                    raise _StatusError(grpc.StatusCode.FAILED_PRECONDITION,
+                                       f"Kept less chunks than expected: keep_chunk_keys names chunks {missing} "
+                                       f"that this stream never received")
+                if confirmed:
+                    yield reverb_service_pb2.InsertStreamResponse(keys=confirmed).SerializeToString()
+        finally:
+            held.clear()  # chunks no item refers to are freed with the stream
+
+    def _item(self, entry: _TableEntry, proto: schema_pb2.PrioritizedItem, held: dict) -> chunk_store_lib.Item:
+        trajectory = codec.trajectory_from_proto(proto.flat_trajectory)
+        keys = {s.chunk_key for column in trajectory for s in column.slices}
+        missing = sorted(k for k in keys if k not in held)
+        if missing:
+            raise _StatusError(grpc.StatusCode.FAILED_PRECONDITION,
+                               f"Could not find sequence chunk {missing[0]}. Item {proto.key} for table "
+                               f"'{proto.table}' refers to chunks {missing} that this stream does not hold (never "
+                               f"sent, or not listed in the previous request's keep_chunk_keys)")
+        item = chunk_store_lib.Item(proto.key, proto.priority, trajectory, [held[k][0] for k in keys],
+                                    times_sampled=proto.times_sampled)
+        entry.table.check_priority(item.key, item.priority)
+        self._check_columns(entry, item, held)
+        return item
+
+    @staticmethod
+    def _check_columns(entry: _TableEntry, item: chunk_store_lib.Item, held: dict) -> None:
+        """Column dtypes and shapes from chunk headers (nothing decoded) against slices and the signature."""
+        columns = []
+        for i, column in enumerate(item.trajectory):
+            dtype = shape = None
+            rows = 0
+            for s in column.slices:
+                headers = held[s.chunk_key][1]
+                if not 0 <= s.index < len(headers):
+                    raise ValueError(f"item {item.key}: column {i} refers to tensor {s.index} of chunk "
+                                     f"{s.chunk_key}, which has {len(headers)} tensors")
+                got_dtype, got_shape = headers[s.index]
+                if dtype is None:
+                    dtype, shape = got_dtype, got_shape[1:]
+                elif (got_dtype, got_shape[1:]) != (dtype, shape):
+                    raise ValueError(f"item {item.key}: column {i} joins slices of different dtypes or shapes: "
+                                     f"{dtype.name}{list(shape)} and {got_dtype.name}{list(got_shape[1:])}")
+                rows += s.length
+            columns.append((dtype, shape if column.squeeze else (rows, *shape)))
+        entries = entry.signature_entries
+        if entries is None:
+            return
+        if len(columns) != len(entries):
+            raise ValueError(f"item {item.key} for table '{entry.name}' has {len(columns)} columns but the table "
+                             f"signature has {len(entries)}: {[e[0] for e in entries]}")
+        for (path, dtype, shape, spec), (got_dtype, got_shape) in zip(entries, columns):
+            # Reverb's `client.insert` (legacy writer) sends steps as unsqueezed length-1 columns; Reverb's
+            # server stores them whatever the signature, so the step's own shape is accepted too.
+            legacy_step = got_shape[:1] == (1,) and table_lib._shape_compatible(shape, got_shape[1:])
+            if got_dtype != dtype or not (legacy_step or table_lib._shape_compatible(shape, got_shape)):
+                raise ValueError(f"item {item.key} for table '{entry.name}' does not match the table signature at "
+                                 f"column '{path}': expected {spec}, got dtype={np.dtype(got_dtype).name} "
+                                 f"shape={list(got_shape)}")
+
+    @staticmethod
+    def _insert(table: table_lib.Table, item, context, confirmed: list) -> Iterator[bytes]:
+        """Inserts `item`, waiting on the rate limiter in slices; yields pending confirmations before waiting."""
+        while True:
+            try:
+                table.insert_or_assign(item, timeout_ms=_WAIT_SLICE_MS)
+                return
+            except errors.DeadlineExceededError:
+                if not context.is_active():
+                    raise _StatusError(grpc.StatusCode.CANCELLED, "the client closed the stream") from None
+                if confirmed:  # let the writer see what is done while this item waits
+                    yield reverb_service_pb2.InsertStreamResponse(keys=confirmed).SerializeToString()
+                    confirmed.clear()
+
+    # --- SampleStream ---
+
+    def sample_stream(self, request_iterator, context) -> Iterator[bytes]:
+        return self._run_stream(context, self._sample_stream(request_iterator, context))
+
+    def _sample_stream(self, request_iterator, context) -> Iterator[bytes]:
+        for raw in request_iterator:
+            request = _parse(reverb_service_pb2.SampleStreamRequest, raw)
+            if request.num_samples <= 0:
+                raise _StatusError(grpc.StatusCode.INVALID_ARGUMENT,
+                                   f"num_samples ({request.num_samples}) must be > 0")
+            entry = self._entry(request.table)
+            timeout_ms = request.rate_limiter_timeout.milliseconds
+            # Reverb servers wait forever for timeouts <= 0 (missing, -1 or 0).
+            deadline = time.monotonic() + timeout_ms / 1000.0 if timeout_ms > 0 else None
+            remaining, batch_size = request.num_samples, _FIRST_SAMPLE_BATCH
+            while remaining > 0:
+                batch = self._sample(entry.table, min(remaining, batch_size), deadline, context)
+                remaining -= len(batch)
+                batch_size = min(batch_size * 2, _MAX_SAMPLE_BATCH)
+                yield from self._responses(entry, batch)
+
+    @staticmethod
+    def _sample(table: table_lib.Table, num_samples: int, deadline: Optional[float], context) -> list:
+        waited = False
+        while True:
+            slice_ms = _WAIT_SLICE_MS
+            if deadline is not None:
+                slice_ms = min(slice_ms, max(0.0, (deadline - time.monotonic()) * 1000.0))
+            try:
+                batch = table.sample(num_samples, timeout_ms=slice_ms)
+            except errors.DeadlineExceededError:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise _StatusError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                       errors.RATE_LIMITER_TIMEOUT_MESSAGE) from None
+                if not context.is_active():
+                    raise _StatusError(grpc.StatusCode.CANCELLED, "the client closed the stream") from None
+                waited = True
+                continue
+            if waited and batch:
+                batch[0] = batch[0]._replace(rate_limited=True)
+            return batch
+
+    def _trajectory(self, item) -> bytes:
+        serialized = self._trajectories.get(item)
+        if serialized is None:
+            serialized = codec.trajectory_to_proto(item.trajectory).SerializeToString()
+            with self._trajectories_lock:
+                self._trajectories[item] = serialized
+        return serialized
+
+    def _responses(self, entry: _TableEntry, batch: list) -> Iterator[bytes]:
+        parts, size = [], 0
+        for sampled in batch:
+            item = sampled.item
+            info = _raw.sample_info(item.key, entry.table_field, sampled.priority, sampled.times_sampled,
+                                    item.inserted_at, self._trajectory(item), sampled.probability,
+                                    sampled.table_size, sampled.rate_limited)
+            chunks = [codec.serialized_chunk(chunk) for chunk in item.chunks.values()]
+            # One entry per sample unless the response would grow past the target: then the sample
+            # continues in the next response, in entries without info.
+            pending: list = []
+            for chunk in chunks:
+                if pending and size + len(chunk) > _RESPONSE_TARGET_BYTES:
+                    parts.append(_raw.entry(info, pending, False))
+                    yield b"".join(parts)
+                    parts, size, info, pending = [], 0, None, []
+                pending.append(chunk)
+                size += len(chunk)
+            parts.append(_raw.entry(info, pending, True))
+            size += 64
+            if size >= _RESPONSE_TARGET_BYTES:
+                yield b"".join(parts)
+                parts, size = [], 0
+        if parts:
+            yield b"".join(parts)
+
+
+def _identity(value: bytes) -> bytes:
+    return value
+
+
+class GrpcService:
+    """A running gRPC listener for a `Server`'s tables; `stop()` ends every call and releases the port."""
+
+    def __init__(self, grpc_server: grpc.Server, port: int, servicer: ReverbServicer):
+        self._grpc_server = grpc_server
+        self.port = port
+        self.servicer = servicer
+
+    def stop(self, grace_s: Optional[float] = None) -> None:
+        self._grpc_server.stop(grace_s).wait(timeout=10)
+
+
+def _handler(servicer: ReverbServicer) -> grpc.GenericRpcHandler:
+    unary = lambda fn: grpc.unary_unary_rpc_method_handler(  # noqa: E731
+        fn, request_deserializer=_identity, response_serializer=_identity)
+    stream = lambda fn: grpc.stream_stream_rpc_method_handler(  # noqa: E731
+        fn, request_deserializer=_identity, response_serializer=_identity)
+    return grpc.method_handlers_generic_handler(SERVICE_NAME, {
+        "Checkpoint": unary(servicer.checkpoint),
+        "InsertStream": stream(servicer.insert_stream),
+        "MutatePriorities": unary(servicer.mutate_priorities),
+        "Reset": unary(servicer.reset),
+        "SampleStream": stream(servicer.sample_stream),
+        "ServerInfo": unary(servicer.server_info),
+        "InitializeConnection": stream(servicer.initialize_connection),
+    })
+
+
+def start(server, *, host: Optional[str] = None, port: Optional[int] = None,
+          max_message_bytes: Optional[int] = None, max_workers: Optional[int] = None) -> GrpcService:
+    """Serves `server`'s tables as `deepmind.reverb.ReverbService`; the hook `replay_tf.Server` calls.
+
+    Args:
+      server: A `replay_tf.Server` (its `tables`, `host`, `port`, `chunk_store`, `tables_state_id`,
+        `checkpointer` and `checkpoint()` are used).
+      host: Interface to bind; default `server.host`, else "localhost". Binding anything else (e.g.
+        "0.0.0.0") exposes the tables, unauthenticated, to the network, as Reverb always does.
+      port: Port to bind; default `server.port`.
+      max_message_bytes: Largest request accepted (default `server.max_message_bytes` if set, else
+        `DEFAULT_MAX_MESSAGE_BYTES`); -1 for no limit. Responses are never limited.
+      max_workers: Threads serving calls; every open stream holds one (default 64).
+
+    Returns:
+      The running `GrpcService`.
+
+    Raises:
+      ValueError: If the address cannot be bound (e.g. the port is taken).
+    """
+    host = host or getattr(server, "host", None) or "localhost"
+    port = server.port if port is None else port
+    if max_message_bytes is None:
+        max_message_bytes = getattr(server, "max_message_bytes", None) or DEFAULT_MAX_MESSAGE_BYTES
+    servicer = ReverbServicer(server)
+    options = [
+        ("grpc.max_receive_message_length", int(max_message_bytes)),
+        ("grpc.max_send_message_length", -1),
+        ("grpc.so_reuseport", 0),  # a second server on the same port must fail, not share it
+    ]
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=max_workers or DEFAULT_MAX_WORKERS,
+                                                 thread_name_prefix="replay_tf-grpc")
+    grpc_server = grpc.server(pool, handlers=[_handler(servicer)], options=options)
+    bind_host = f"[{host}]" if ":" in host and not host.startswith("[") else host
+    try:
+        bound = grpc_server.add_insecure_port(f"{bind_host}:{port}")
+    except RuntimeError as e:
+        bound, error = 0, e
+    else:
+        error = None
+    if not bound:
+        pool.shutdown(wait=False)
+        raise ValueError(f"could not bind the replay service to {bind_host}:{port} (port in use?)") from error
+    grpc_server.start()
+    return GrpcService(grpc_server, bound, servicer)

@@ -25,6 +25,7 @@ sent once every chunk they use is final, as Reverb's writer does.
 from __future__ import annotations
 
 import collections
+import collections.abc
 import datetime
 import itertools
 import math
@@ -34,7 +35,7 @@ import numpy as np
 import tree
 
 from replay_tf import errors
-from replay_tf.core.chunk_store import Chunk, ChunkSlice, Column, Item, SequenceRange
+from replay_tf.core.chunk_store import Chunk, Item, SequenceRange
 from replay_tf.core.table import _shape_compatible, _signature_entries
 
 # In-process chunks: at most this many bytes (and rows) per chunk, so long items are mostly one slice.
@@ -245,7 +246,7 @@ class TrajectoryColumn:
         if squeeze and len(data_references) != 1:
             raise ValueError(f"Columns must contain exactly one data reference when squeeze set, got "
                              f"{len(data_references)}")
-        if any(ref is None for ref in data_references):
+        if None in data_references:
             raise ValueError(f"TrajectoryColumns cannot contain any None data references: TrajectoryColumn at "
                              f"path {path} got {list(data_references)} (a None is a step where the column was "
                              f"not set, or older than num_keep_alive_refs)")
@@ -311,6 +312,28 @@ def _tree_union(a: Any, b: Any) -> Any:
     raise ValueError(f"Cannot merge the appended structure {b} into the earlier structure {a}")
 
 
+_leaf_type_cache: Dict[type, bool] = {}
+
+
+def _is_leaf_type(kind: type) -> bool:
+    """Whether dm-tree treats values of this type as leaves (memoized per type)."""
+    leaf = _leaf_type_cache.get(kind)
+    if leaf is None:
+        leaf = not (issubclass(kind, (list, tuple, collections.abc.Mapping)) or hasattr(kind, "__attrs_attrs__"))
+        _leaf_type_cache[kind] = leaf
+    return leaf
+
+
+def _flat_dict_keys(data: Any) -> Optional[tuple]:
+    """The sorted keys of a flat dict of leaves (tree.flatten's order), or None for any other structure."""
+    if type(data) is not dict:
+        return None
+    for value in data.values():
+        if not _is_leaf_type(type(value)):
+            return None
+    return tuple(sorted(data))
+
+
 def _path_str(path: tuple) -> str:
     return "".join(f"[{p!r}]" for p in path) if path else "<root>"
 
@@ -343,6 +366,7 @@ class TrajectoryWriter:
         self._last_step_is_open = False
         self._episode_id = _new_key()
         self._episode_steps = 0
+        self._episode_ids_cache: Dict[frozenset, frozenset] = {}
         self._unsent: collections.deque = collections.deque()  # (table, item) waiting for final chunks
         self._closed = False
 
@@ -420,15 +444,23 @@ class TrajectoryWriter:
         """Appends a step (or, with `partial_step=True`, part of one) column by column."""
         if self._structure is None:
             self._update_structure(tree.map_structure(lambda _: None, data))
-        with_path = tree.flatten_with_path(data)
-        paths = tuple(p for p, _ in with_path)
-        try:
-            order = self._column_order(paths)
-        except KeyError:
-            self._update_structure(_tree_union(self._structure, tree.map_structure(lambda _: None, data)))
-            order = self._column_order(paths)
+        keys = _flat_dict_keys(data)
+        order = self._order_cache.get(keys) if keys is not None else None
+        if order is not None:  # fast path: a flat dict with keys seen before
+            leaves = [data[k] for k in keys]
+        else:
+            with_path = tree.flatten_with_path(data)
+            paths = tuple(p for p, _ in with_path)
+            try:
+                order = self._column_order(paths)
+            except KeyError:
+                self._update_structure(_tree_union(self._structure, tree.map_structure(lambda _: None, data)))
+                order = self._column_order(paths)
+            if keys is not None:
+                self._order_cache[keys] = order
+            leaves = [value for _, value in with_path]
         values: list = [None] * len(self._paths)
-        for index, (_, value) in zip(order, with_path):
+        for index, value in zip(order, leaves):
             values[index] = value
         histories = self._column_history
         if self._last_step_is_open:
@@ -484,7 +516,12 @@ class TrajectoryWriter:
 
     def create_item(self, table: str, priority: float, trajectory: Any) -> None:
         """Queues an item of `table` made of the `TrajectoryColumn`s in `trajectory` (does not block)."""
-        flat = tree.flatten(trajectory)
+        if type(trajectory) is dict and all(type(v) is TrajectoryColumn for v in trajectory.values()):
+            flat = [trajectory[k] for k in sorted(trajectory)]  # tree.flatten's order for a flat dict
+        elif isinstance(trajectory, TrajectoryColumn):
+            flat = [trajectory]
+        else:
+            flat = tree.flatten(trajectory)
         if not all(isinstance(col, TrajectoryColumn) for col in flat):
             raise TypeError(f"All leaves of `trajectory` must be `TrajectoryColumn` but got {trajectory}")
         if not flat:
@@ -493,35 +530,28 @@ class TrajectoryWriter:
         if math.isnan(priority):
             raise ValueError(f"priority must not be NaN (item for table '{table}')")
         entries = self._signature_for(table)
-        columns, chunks = [], {}
+        columns = []
+        episode_ids = set()
         for i, col in enumerate(flat):
             refs = col._data_references
             if not refs:
                 raise ValueError(f"Column {i} of the trajectory for table '{table}' is empty; every column needs "
                                  f"at least one data reference")
-            first = refs[0].column
-            slices: list = []
-            for ref in refs:
-                if ref.expired:
-                    raise ValueError(f"Column {i} of the trajectory for table '{table}' contains an expired "
-                                     f"CellRef (step older than num_keep_alive_refs={ref.column.num_keep_alive_refs} "
-                                     f"of column {ref.column.path})")
-                if ref.column is not first and (ref.dtype != first.dtype or ref.shape != first.shape):
-                    raise ValueError(f"Column {i} of the trajectory for table '{table}' mixes references of "
-                                     f"different dtypes or shapes: {first.dtype.name}{list(first.shape)} and "
-                                     f"{ref.dtype.name}{list(ref.shape)}")
-                chunk = ref.chunk
-                chunks[chunk.key] = chunk
-                last = slices[-1] if slices else None
-                # Adjacent rows of one chunk become one slice.
-                if last is not None and last[0] is chunk and last[1] + last[2] == ref.row:
-                    last[2] += 1
-                else:
-                    slices.append([chunk, ref.row, 1])
-            columns.append(Column(tuple(ChunkSlice(c.key, row, n, 0) for c, row, n in slices), col.is_squeezed))
+            first_ref, last_ref = refs[0], refs[-1]
+            first = first_ref.column
+            chunk = first_ref.chunk
+            if (last_ref.chunk is chunk and last_ref.row - first_ref.row == len(refs) - 1
+                    and last_ref.seq - first_ref.seq == len(refs) - 1):
+                # Fast path: consecutive rows of one chunk (the usual `history[col][-n:]`), one slice.
+                if first.appended - first_ref.seq > first.num_keep_alive_refs:
+                    self._expired(table, i, first_ref)
+                columns.append((col.is_squeezed, chunk, 0, first_ref.row, last_ref.row + 1))
+                episode_ids.add(chunk.sequence_range.episode_id)
+            else:
+                columns.append((col.is_squeezed, *self._slices(table, i, refs, episode_ids)))
             if entries is not None and i < len(entries):
                 path, dtype, shape, spec = entries[i]
-                got = tuple(first.shape) if col.is_squeezed else (len(refs), *first.shape)
+                got = first.shape if col.is_squeezed else (len(refs), *first.shape)
                 if first.dtype != dtype or not _shape_compatible(shape, got):
                     raise ValueError(f"Unable to create item in table '{table}' since the provided trajectory is "
                                      f"inconsistent with the table signature: column {i} ('{path}') expected "
@@ -530,11 +560,40 @@ class TrajectoryWriter:
             raise ValueError(f"Unable to create item in table '{table}' since the provided trajectory is "
                              f"inconsistent with the table signature: the table expects {len(entries)} columns "
                              f"({[e[0] for e in entries]}) but the trajectory has {len(flat)}")
-        item = Item(_new_key(), priority, tuple(columns), chunks.values())
-        if self._open_chunks or (not self._unsent and all(self._is_final(c) for c in chunks.values())):
+        episode_ids = frozenset(episode_ids)
+        # Items of one episode share one frozenset object (fewer objects per item for the GC to scan).
+        episode_ids = self._episode_ids_cache.setdefault(episode_ids, episode_ids)
+        item = Item.from_resolved(_new_key(), priority, tuple(columns), episode_ids)
+        if self._open_chunks or (not self._unsent and all(self._is_final(c) for c in item.chunks.values())):
             self._stream.send(table, item)
         else:
             self._unsent.append((table, item))
+
+    @staticmethod
+    def _expired(table: str, i: int, ref: _CellRef):
+        raise ValueError(f"Column {i} of the trajectory for table '{table}' contains an expired CellRef (step "
+                         f"older than num_keep_alive_refs={ref.column.num_keep_alive_refs} of column "
+                         f"{ref.column.path})")
+
+    def _slices(self, table: str, i: int, refs: Sequence[_CellRef], episode_ids: set) -> tuple:
+        """Flat `(chunk, index, start, stop, ...)` of a column of any references (adjacent rows merged)."""
+        first = refs[0].column
+        slices: list = []
+        for ref in refs:
+            if ref.expired:
+                self._expired(table, i, ref)
+            if ref.column is not first and (ref.dtype != first.dtype or ref.shape != first.shape):
+                raise ValueError(f"Column {i} of the trajectory for table '{table}' mixes references of "
+                                 f"different dtypes or shapes: {first.dtype.name}{list(first.shape)} and "
+                                 f"{ref.dtype.name}{list(ref.shape)}")
+            chunk = ref.chunk
+            episode_ids.add(chunk.sequence_range.episode_id)
+            last = slices[-1] if slices else None
+            if last is not None and last[0] is chunk and last[3] == ref.row:
+                last[3] += 1  # the next row of the same chunk extends the slice
+            else:
+                slices.append([chunk, 0, ref.row, ref.row + 1])
+        return tuple(v for sl in slices for v in sl)
 
     # --- chunk finalization (remote transports) ---
 
@@ -589,6 +648,7 @@ class TrajectoryWriter:
         self._episode_id = _new_key()
         self._episode_steps = 0
         self._last_step_is_open = False
+        self._episode_ids_cache.clear()
         if clear_buffers:
             for column in self._column_history:
                 column.reset()

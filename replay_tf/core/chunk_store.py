@@ -139,12 +139,15 @@ class ChunkStore:
 class Item:
     """A table item: key, priority, sampling count, trajectory and the chunks it keeps alive.
 
-    `chunks` maps every chunk key used by `trajectory` to its `Chunk`. `_columns` caches, per column,
-    `(((chunk, index, start, stop), ...), squeeze)` so that unpacking does no dictionary look-ups.
+    The item stores its trajectory resolved, one flat tuple per column:
+    `(squeeze, chunk_0, index_0, start_0, stop_0, chunk_1, index_1, start_1, stop_1, ...)`, so that unpacking
+    does no look-ups and an item is only a few objects (the garbage collector's full passes scan every live
+    container, so items that are many small objects slow down every Python program that holds many of
+    them). `trajectory` (the flat trajectory of `ChunkSlice`s) and `chunks` (chunk key -> `Chunk`) are
+    derived from it on access.
     """
 
-    __slots__ = ("key", "priority", "times_sampled", "inserted_at", "trajectory", "chunks", "_columns",
-                 "_episode_ids", "__weakref__")
+    __slots__ = ("key", "priority", "times_sampled", "inserted_at", "_columns", "_episode_ids", "__weakref__")
 
     def __init__(self, key: int, priority: float, trajectory: FlatTrajectory, chunks: Iterable[Chunk], *,
                  times_sampled: int = 0, inserted_at: int = 0):
@@ -152,36 +155,62 @@ class Item:
         self.priority = float(priority)
         self.times_sampled = int(times_sampled)
         self.inserted_at = inserted_at
-        self.trajectory = tuple(Column(tuple(ChunkSlice(*s) for s in c.slices), bool(c.squeeze))
-                                for c in trajectory)
-        self.chunks = {c.key: c for c in chunks}
-        self._validate()
+        trajectory = tuple(Column(tuple(ChunkSlice(*s) for s in c.slices), bool(c.squeeze)) for c in trajectory)
+        by_key = {c.key: c for c in chunks}
+        self._validate(trajectory, by_key)
         self._columns = tuple(
-            (tuple((self.chunks[s.chunk_key], s.index, s.offset, s.offset + s.length) for s in column.slices),
-             column.squeeze)
-            for column in self.trajectory)
-        self._episode_ids = frozenset(c.sequence_range.episode_id for c in self.chunks.values())
+            (column.squeeze, *(v for sl in column.slices
+                               for v in (by_key[sl.chunk_key], sl.index, sl.offset, sl.offset + sl.length)))
+            for column in trajectory)
+        self._episode_ids = frozenset(c.sequence_range.episode_id for c in by_key.values())
 
-    def _validate(self) -> None:
-        if not self.trajectory:
+    @classmethod
+    def from_resolved(cls, key: int, priority: float, columns: tuple, episode_ids: frozenset) -> "Item":
+        """An item from already valid resolved columns (see the class docstring); no validation."""
+        item = cls.__new__(cls)
+        item.key = key
+        item.priority = priority
+        item.times_sampled = 0
+        item.inserted_at = 0
+        item._columns = columns
+        item._episode_ids = episode_ids
+        return item
+
+    @property
+    def trajectory(self) -> FlatTrajectory:
+        """The flat trajectory: a `Column` of `ChunkSlice`s per column."""
+        return tuple(Column(tuple(ChunkSlice(col[j].key, col[j + 2], col[j + 3] - col[j + 2], col[j + 1])
+                                  for j in range(1, len(col), 4)), col[0])
+                     for col in self._columns)
+
+    @property
+    def chunks(self) -> dict:
+        """Chunk key -> `Chunk`, for every chunk the item refers to."""
+        return {col[j].key: col[j] for col in self._columns for j in range(1, len(col), 4)}
+
+    def _validate(self, trajectory: FlatTrajectory, chunks: dict) -> None:
+        if not trajectory:
             raise ValueError(f"item {self.key}: the trajectory must not be empty")
         used = set()
-        for i, column in enumerate(self.trajectory):
+        for i, column in enumerate(trajectory):
             if not column.slices:
                 raise ValueError(f"item {self.key}: column {i} has no chunk slices")
             if column.squeeze and (len(column.slices) != 1 or column.slices[0].length != 1):
                 raise ValueError(f"item {self.key}: column {i} is squeezed, so it must be exactly one slice of "
                                  f"length 1, got {[tuple(s) for s in column.slices]}")
             for s in column.slices:
-                chunk = self.chunks.get(s.chunk_key)
+                chunk = chunks.get(s.chunk_key)
                 if chunk is None:
                     raise KeyError(f"Could not find sequence chunk {s.chunk_key}.")
                 used.add(s.chunk_key)
                 if s.offset < 0 or s.length < 1 or s.offset + s.length > chunk.num_rows:
                     raise ValueError(f"item {self.key}: slice {tuple(s)} of column {i} is out of chunk "
                                      f"{s.chunk_key}'s rows [0, {chunk.num_rows})")
-        if used != set(self.chunks):
-            raise ValueError(f"item {self.key}: chunks {sorted(set(self.chunks) - used)} are not referenced by "
+                if not 0 <= s.index < len(chunk.tensors):
+                    raise ValueError(f"item {self.key}: slice {tuple(s)} of column {i} refers to tensor {s.index} "
+                                     f"but chunk {s.chunk_key} has {len(chunk.tensors)}")
+        if used != set(chunks):
+            raise ValueError(f"item {self.key}: chunks {sorted(set(chunks) - used)} are not referenced by "
                              f"the trajectory")
 
     @property
@@ -191,25 +220,24 @@ class Item:
     def column_arrays(self) -> list:
         """The item's columns as numpy arrays (views when a column is one slice)."""
         out = []
-        for slices, squeeze in self._columns:
-            if len(slices) == 1:
-                chunk, index, start, stop = slices[0]
-                value = chunk.tensors[index][start] if squeeze else chunk.tensors[index][start:stop]
+        for col in self._columns:
+            if len(col) == 5:
+                tensor = col[1].tensors[col[2]]
+                out.append(tensor[col[3]] if col[0] else tensor[col[3]:col[4]])
             else:
-                value = np.concatenate([c.tensors[i][a:b] for c, i, a, b in slices], axis=0)
-            out.append(value)
+                out.append(np.concatenate([col[j].tensors[col[j + 1]][col[j + 2]:col[j + 3]]
+                                           for j in range(1, len(col), 4)], axis=0))
         return out
 
     def column_shapes(self) -> list:
         """`(dtype, shape)` of each column without copying data."""
         out = []
-        for slices, squeeze in self._columns:
-            first = slices[0][0].tensors[slices[0][1]]
-            rows = sum(b - a for _, _, a, b in slices)
-            shape = tuple(first.shape[1:]) if squeeze else (rows, *first.shape[1:])
-            out.append((first.dtype, shape))
+        for col in self._columns:
+            first = col[1].tensors[col[2]]
+            rows = sum(col[j + 3] - col[j + 2] for j in range(1, len(col), 4))
+            out.append((first.dtype, tuple(first.shape[1:]) if col[0] else (rows, *first.shape[1:])))
         return out
 
     def __repr__(self) -> str:
         return (f"Item(key={self.key}, priority={self.priority}, times_sampled={self.times_sampled}, "
-                f"columns={len(self.trajectory)})")
+                f"columns={len(self._columns)})")

@@ -453,6 +453,6 @@ def _signature_entries(signature: Any) -> list:
 
 
 def _shape_compatible(expected: Optional[tuple], got: tuple) -> bool:
-    if expected is None:
+    if expected is None or expected == got:
         return True
     return len(expected) == len(got) and all(e is None or e == g for e, g in zip(expected, got))

@@ -11,6 +11,7 @@ from rlds_tf.loading import load_stacked
 from rlds_tf.loading import load_steps
 from rlds_tf.recording import EnvLogger
 from rlds_tf.recording import TFDSBackendWriter
+from rlds_tf.tfds import EpisodeWriter
 from rlds_tf.rlds_types import ACTION
 from rlds_tf.rlds_types import ALIGNMENT
 from rlds_tf.rlds_types import BatchedEpisode
@@ -42,6 +43,7 @@ __all__ = [
     "DISCOUNT",
     "EnvLogger",
     "Episode",
+    "EpisodeWriter",
     "EpisodeFilterFn",
     "IS_FIRST",
     "IS_LAST",

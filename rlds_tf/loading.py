@@ -25,6 +25,7 @@ import os
 from typing import Any, Iterable, Optional, Sequence, Union
 
 import tensorflow as tf
+from absl import logging
 import tensorflow_datasets as tfds
 from tensorflow_datasets.core import file_adapters
 
@@ -90,7 +91,11 @@ def _check_dir(directory: str, recover: bool) -> str:
         raise ValueError(f"{directory!r} is not a TFDS dataset directory: missing {missing} (it holds {children}); "
                          f"point at the directory that contains dataset_info.json, e.g. <name>/<version>")
     if recover and not _tfrecord_files.writer_is_active(directory) and crash_recovery.needs_recovery(directory):
-        crash_recovery.recover(directory)
+        try:
+            crash_recovery.recover(directory)
+        except OSError as e:  # e.g. a read-only copy: TFDS may still fail on the cut record, with its own error
+            logging.warning("rlds_tf: %s needs crash recovery but it failed (%s); loading it as it is",
+                            directory, e)
     return directory
 
 

@@ -227,12 +227,14 @@ def _iter_steps(steps: Any):
         yield from steps.as_numpy_iterator()
         return
     if isinstance(steps, Mapping):
-        steps = _to_numpy(steps)
+        def as_arrays(x):  # lists are per-step values here, not nests to recurse into
+            return {k: as_arrays(v) for k, v in x.items()} if isinstance(x, Mapping) else np.asarray(_to_numpy(x))
+        steps = as_arrays(steps)
         leaves = tree.flatten(steps)
-        if not leaves:
-            return
-        length = len(leaves[0])
-        for i in range(length):
-            yield tree.map_structure(lambda x, i=i: np.asarray(x)[i], steps)
+        lengths = {len(leaf) for leaf in leaves}
+        if len(lengths) > 1:
+            raise ValueError(f"stacked steps disagree on the episode length: leading dims {sorted(lengths)}")
+        for i in range(lengths.pop() if lengths else 0):
+            yield tree.map_structure(lambda x, i=i: x[i], steps)
         return
     yield from steps

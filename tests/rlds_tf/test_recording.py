@@ -292,3 +292,37 @@ def test_fast_encoder_matches_tfds(name, config_kwargs, make_step, num_steps):
     serializer = example_serializer.ExampleSerializer(info.features.get_serialized_info())
     theirs = serializer.serialize_example(info.features.encode_example({"steps": steps, **metadata}))
     assert example_pb2.Example.FromString(ours) == example_pb2.Example.FromString(theirs)
+
+
+@pytest.mark.parametrize("module_name", [
+    "rlds_tf.loading", "rlds_tf.recording.env_logger", "rlds_tf.recording.tfds_writer",
+    "rlds_tf.recording.catch_env", "rlds_tf.recording.config", "rlds_tf.recording.crash_recovery",
+    "rlds_tf.tfds.episode_writer", "rlds_tf.tfds.config_generator",
+])
+def test_doctests(module_name):
+    import doctest
+    import importlib
+    result = doctest.testmod(importlib.import_module(module_name))
+    assert result.attempted > 0 and result.failed == 0
+
+
+def test_backend_used_directly_like_envlogger(tmp_path):
+    """record_step/set_episode_metadata/close, as envlogger's EnvLogger drives a backend; a truncated episode."""
+    from rlds_tf.recording import StepData
+    config = tfds.rlds.rlds_base.DatasetConfig(
+        name="direct", observation_info=tf.int64, action_info=tf.int64, reward_info=tf.float64,
+        discount_info=tf.float64, episode_metadata_info={"tag": tf.int64})
+    backend = TFDSBackendWriter(str(tmp_path), config, store_ds_metadata=True, metadata={"owner": "test"})
+    backend.record_step(StepData(dm_env.restart(np.int64(10)), None), is_new_episode=True)
+    backend.record_step(StepData(dm_env.transition(1.0, np.int64(11), 0.5), np.int64(5)), is_new_episode=False)
+    backend.set_episode_metadata({"tag": 1})
+    backend.record_step(StepData(dm_env.truncation(2.0, np.int64(12)), np.int64(6)), is_new_episode=False)
+    backend.set_episode_metadata({"tag": 2})  # the last value set wins
+    backend.close()  # writes the open episode, like envlogger
+    (episode,) = to_numpy(rlds.load(str(tmp_path), split="train"))
+    assert int(episode["tag"]) == 2
+    assert_nested_equal(_stack(episode["steps"]), {
+        "observation": np.int64([10, 11, 12]), "action": np.int64([5, 6, 0]), "reward": np.float64([1, 2, 0]),
+        "discount": np.float64([0.5, 1, 0]), "is_first": np.bool_([1, 0, 0]), "is_last": np.bool_([0, 0, 1]),
+        "is_terminal": np.bool_([0, 0, 0])})  # truncation: discount 1, so not terminal
+    assert json.loads((tmp_path / "metadata.json").read_text()) == {"owner": "test"}

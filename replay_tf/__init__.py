@@ -7,12 +7,16 @@ code written for `tf_agents.replay_buffers`.
 
 # --- in-graph buffers (replay_tf/buffers) ---
 from replay_tf.buffers import BufferInfo
+from replay_tf.buffers import PrioritizedBufferInfo
+from replay_tf.buffers import PrioritizedReplayBuffer
 from replay_tf.buffers import TFUniformReplayBuffer
 from replay_tf.buffers import UniformReplayBuffer
 
 # --- replay server: tables, selectors, rate limiters, client, writers, datasets (replay_tf/core, ...) ---
 from replay_tf import rate_limiters
 from replay_tf import selectors
+from replay_tf import structured_writer
+from replay_tf import structured_writer as structured
 from replay_tf.client import Client
 from replay_tf.errors import DeadlineExceededError
 from replay_tf.errors import ReverbError
@@ -27,6 +31,8 @@ from replay_tf.trajectory_writer import TrajectoryWriter
 __all__ = [
     # --- in-graph buffers ---
     "BufferInfo",
+    "PrioritizedBufferInfo",
+    "PrioritizedReplayBuffer",
     "TFUniformReplayBuffer",
     "UniformReplayBuffer",
     # --- replay server ---
@@ -42,4 +48,6 @@ __all__ = [
     "TrajectoryWriter",
     "rate_limiters",
     "selectors",
+    "structured",
+    "structured_writer",
 ]

@@ -1,4 +1,6 @@
 """In-graph replay buffers on `tf.Variable` storage (TF-Agents' API, plus a prioritized variant)."""
+from replay_tf.buffers.prioritized import PrioritizedBufferInfo
+from replay_tf.buffers.prioritized import PrioritizedReplayBuffer
 from replay_tf.buffers.uniform import BufferInfo
 from replay_tf.buffers.uniform import TFUniformReplayBuffer
 from replay_tf.buffers.uniform import UniformReplayBuffer
@@ -7,6 +9,8 @@ from replay_tf.buffers.uniform import end_of_episode_from_step_type
 
 __all__ = [
     "BufferInfo",
+    "PrioritizedBufferInfo",
+    "PrioritizedReplayBuffer",
     "TFUniformReplayBuffer",
     "UniformReplayBuffer",
     "end_of_episode_from_is_last",

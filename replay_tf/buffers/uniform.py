@@ -95,7 +95,7 @@ class UniformReplayBuffer(tf.Module):
         self._dataset_window_shift = dataset_window_shift
         self._stateful_dataset = stateful_dataset
         self._episode_end_fn = episode_end_fn
-        self._functions: dict = {}
+        self._functions: dict = self._no_dependency({})  # traced functions, not checkpointed
         with tf.device(device), tf.name_scope(scope):
             self._state = _ring.make_state(data_spec, self._batch_size, self._max_length,
                                            episode_aware=episode_end_fn is not None)
@@ -142,20 +142,7 @@ class UniformReplayBuffer(tf.Module):
 
     # ----- execution helper -----
     def _run(self, name: str, fn: Callable, *args, tensors=()):
-        """Runs `fn(*args, *tensors)` in graph: directly when tracing, else through a cached tf.function."""
-        if not tf.executing_eagerly():
-            with tf.device(self._device), tf.name_scope(self._scope):
-                return fn(*args, *tensors)
-        key = (name,) + args
-        function = self._functions.get(key)
-        if function is None:
-            def run(*ts):
-                with tf.device(self._device), tf.name_scope(self._scope):
-                    out = fn(*args, *ts)
-                # A tf.function cannot return an Operation; its side effects run all the same.
-                return None if isinstance(out, tf.Operation) else out
-            function = self._functions[key] = tf.function(run, autograph=False)
-        return function(*tensors)
+        return run_in_graph(self, name, fn, *args, tensors=tensors)
 
     # ----- writing -----
     def add_batch(self, items):
@@ -171,6 +158,11 @@ class UniformReplayBuffer(tf.Module):
           TypeError: wrong structure or dtype. ValueError: wrong shape or outer dimension. The message
           names the nested path, the expected and the received value.
         """
+        op = self._run("add", self._add_impl, tensors=self._add_inputs(items))
+        return None if tf.executing_eagerly() else op
+
+    def _add_inputs(self, items) -> tuple:
+        """Validated flat leaves of `items` (+ the episode-end flags when episode-aware)."""
         flat = specs.validate(items, self._data_spec, outer_dims=[self._batch_size], root="items")
         extra = ()
         if self._episode_end_fn is not None:
@@ -179,8 +171,7 @@ class UniformReplayBuffer(tf.Module):
                 raise ValueError(f"episode_end_fn must return a bool [batch_size={self._batch_size}] "
                                  f"tensor, got shape {ends.shape}")
             extra = (tf.cast(ends, tf.bool),)
-        op = self._run("add", self._add_impl, tensors=tuple(flat) + extra)
-        return None if tf.executing_eagerly() else op
+        return tuple(flat) + extra
 
     def _add_impl(self, *tensors):
         flat = list(tensors[:len(self._state.storage)])
@@ -419,6 +410,28 @@ class UniformReplayBuffer(tf.Module):
         segments = tf.range(self._batch_size, dtype=tf.int64)
         rows = _ring.rows_for(ids[None, :], segments[:, None], None, self._max_length, self._batch_size)
         return specs.pack_sequence_as(self._data_spec, _ring.gather(self._state, rows))
+
+
+def run_in_graph(owner, name: str, fn: Callable, *args, tensors=()):
+    """Runs `fn(*args, *tensors)` in graph mode under `owner`'s device and name scope.
+
+    Inside a trace (a user's tf.function, a tf.data function) `fn` is called directly. Eagerly, it runs
+    through a tf.function cached on `owner._functions` per (name, *args): Python arguments pick the
+    trace, tensors are its inputs. A traced Operation result (an add) is dropped: a tf.function cannot
+    return one, and its side effects run all the same.
+    """
+    if not tf.executing_eagerly():
+        with tf.device(owner._device), tf.name_scope(owner._scope):
+            return fn(*args, *tensors)
+    key = (name,) + args
+    function = owner._functions.get(key)
+    if function is None:
+        def run(*ts):
+            with tf.device(owner._device), tf.name_scope(owner._scope):
+                out = fn(*args, *ts)
+            return None if isinstance(out, tf.Operation) else out
+        function = owner._functions[key] = tf.function(run, autograph=False)
+    return function(*tensors)
 
 
 def _all_nodes(nest):

@@ -1,0 +1,321 @@
+"""`PrioritizedReplayBuffer`: the uniform buffer's ring, sampled proportionally to priority**alpha.
+
+It wraps a `UniformReplayBuffer` (same constructor, storage, `add_batch`, `gather_all`, `clear`,
+`num_frames`, deterministic `as_dataset`) and adds a sum tree and a min tree (`sum_tree.py`) with one
+leaf per storage row, i.e. per (segment, step) item.
+
+Items and ids. An item is a (segment, logical step) pair; its id is `step * batch_size + segment`
+(unique, increasing with insertion, and `id % capacity` is its storage row). With `num_steps=T`, the
+sampled item is the window's first step and `BufferInfo.ids` holds the ids of all T steps, `[B, T]`;
+`update_priorities` accepts those ids (it uses the first column) or `[B]` ids.
+
+Sampling. New items get the largest priority seen so far (1.0 initially). `get_next` draws windows
+with probability `p_i**alpha / sum_j p_j**alpha` over the valid window starts (the same starts as the
+uniform buffer: the newest `T - 1` steps of each segment cannot start a window). The valid starts are
+one contiguous, possibly wrapped, range of rows, so the draw maps a uniform mass onto that range with
+two prefix sums: exact, no rejection. Episode-aware windows are drawn by rejection among those.
+
+Importance weights. `BufferInfo` is a `PrioritizedBufferInfo(ids, probabilities, importance_weights)`:
+its first two fields are TF-Agents' `BufferInfo` fields, so code that reads `info.ids` /
+`info.probabilities` (or `info[0]`, `info[1]`) keeps working. `importance_weights =
+(N * P(i))**-beta / max_j (N * P(j))**-beta = (p_i / p_min)**(-alpha * beta)`, with `p_min` the smallest
+priority stored (min tree), so the largest weight is 1.
+
+>>> import tensorflow as tf
+>>> rb = PrioritizedReplayBuffer(tf.TensorSpec([], tf.float32), batch_size=2, max_length=4, alpha=1.0)
+>>> for t in range(3):
+...     rb.add_batch(tf.constant([t, 10. + t]))
+>>> data, info = rb.get_next(sample_batch_size=3)
+>>> info.importance_weights.numpy().tolist()          # all priorities equal (1.0)
+[1.0, 1.0, 1.0]
+>>> rb.update_priorities(tf.constant([0, 1, 2, 3, 4, 5]), tf.constant([0., 0., 0., 0., 0., 2.]))
+>>> data, info = rb.get_next(sample_batch_size=3)       # only id 5 (step 2, segment 1) has mass
+>>> data.numpy().tolist(), info.ids.numpy().tolist(), info.probabilities.numpy().tolist()
+([12.0, 12.0, 12.0], [5, 5, 5], [1.0, 1.0, 1.0])
+"""
+from __future__ import annotations
+
+import collections
+from typing import Any, Callable
+
+import tensorflow as tf
+
+from replay_tf.buffers import _ring
+from replay_tf.buffers import sum_tree
+from replay_tf.buffers import uniform
+
+PrioritizedBufferInfo = collections.namedtuple("PrioritizedBufferInfo",
+                                               ["ids", "probabilities", "importance_weights"])
+PrioritizedBufferInfo.__doc__ = """`BufferInfo` plus importance weights (see the module docstring)."""
+
+# Redraw attempts for episode-aware windows before giving up with an error.
+_MAX_REJECTION_ROUNDS = 1000
+
+
+class PrioritizedReplayBuffer(tf.Module):
+    """Prioritized replay with the `UniformReplayBuffer` interface plus `update_priorities`.
+
+    Args:
+      data_spec, batch_size, max_length, scope, device, table_fn, dataset_drop_remainder,
+      dataset_window_shift, stateful_dataset: as `UniformReplayBuffer`.
+      alpha: keyword-only priority exponent (0: uniform, 1: proportional).
+      beta: keyword-only initial importance-weight exponent; change it with `buffer.beta = value`.
+      episode_end_fn: keyword-only; episode-aware windows, as `UniformReplayBuffer`.
+      fanout: keyword-only; children per node of the sum/min trees.
+    """
+
+    def __init__(self, data_spec, batch_size: int, max_length: int = 1000, scope: str = "PrioritizedReplayBuffer",
+                 device: str = "cpu:*", table_fn: Any = None, dataset_drop_remainder: bool = False,
+                 dataset_window_shift: int | None = None, stateful_dataset: bool = False, *,
+                 alpha: float = 0.6, beta: float = 0.4, episode_end_fn: Callable | None = None,
+                 fanout: int = 32):
+        super().__init__(name=None)
+        if not alpha >= 0:
+            raise ValueError(f"alpha ({alpha}) must be >= 0")
+        if not beta >= 0:
+            raise ValueError(f"beta ({beta}) must be >= 0")
+        self._buffer = uniform.UniformReplayBuffer(
+            data_spec, batch_size, max_length, scope, device, table_fn, dataset_drop_remainder,
+            dataset_window_shift, stateful_dataset, episode_end_fn=episode_end_fn)
+        self._alpha = float(alpha)
+        self._device, self._scope = device, scope
+        self._functions: dict = self._no_dependency({})  # traced functions, not checkpointed
+        capacity = self._buffer.batch_size * self._buffer.max_length
+        with tf.device(device), tf.name_scope(scope):
+            self._sums = sum_tree.make(capacity, fanout=fanout, reduce="sum", name="sum_tree")
+            self._mins = sum_tree.make(capacity, fanout=fanout, reduce="min", name="min_tree")
+            self._max_priority = tf.Variable(1.0, trainable=False, name="max_priority")
+            self._beta = tf.Variable(float(beta), trainable=False, name="beta")
+
+    # ----- delegated API -----
+    data_spec = property(lambda self: self._buffer.data_spec)
+    capacity = property(lambda self: self._buffer.capacity)
+    batch_size = property(lambda self: self._buffer.batch_size)
+    max_length = property(lambda self: self._buffer.max_length)
+    device = property(lambda self: self._buffer.device)
+    scope = property(lambda self: self._buffer.scope)
+    table_fn = property(lambda self: self._buffer.table_fn)
+    stateful_dataset = property(lambda self: self._buffer.stateful_dataset)
+
+    def num_frames(self):
+        return self._buffer.num_frames()
+
+    def gather_all(self):
+        return self._buffer.gather_all()
+
+    @property
+    def alpha(self) -> float:
+        return self._alpha
+
+    @property
+    def beta(self) -> tf.Variable:
+        return self._beta
+
+    @beta.setter
+    def beta(self, value):
+        self._beta.assign(value)
+
+    def _run(self, name, fn, *args, tensors=()):
+        return uniform.run_in_graph(self, name, fn, *args, tensors=tensors)
+
+    # ----- writing -----
+    def add_batch(self, items):
+        """As `UniformReplayBuffer.add_batch`; the new items get the largest priority seen so far."""
+        op = self._run("add", self._add_impl, tensors=self._buffer._add_inputs(items))
+        return None if tf.executing_eagerly() else op
+
+    def _add_impl(self, *tensors):
+        state, batch_size = self._buffer.state, self._buffer.batch_size
+        # The slot the ring is about to overwrite (single writer: write_started + 1 is the next id).
+        slot = tf.math.floormod(state.write_started.read_value() + 1, self._buffer.max_length)
+        rows = slot * batch_size + tf.range(batch_size, dtype=tf.int64)
+        value = tf.fill([batch_size], tf.pow(self._max_priority.read_value(), self._alpha))
+        # Priorities first, then the data: a reader never sees a new item with its predecessor's priority.
+        trees = [sum_tree.update(self._sums, rows, value, "sum"), sum_tree.update(self._mins, rows, value, "min")]
+        with tf.control_dependencies(trees):
+            return self._buffer._add_impl(*tensors)
+
+    def clear(self):
+        """Forgets all items and priorities (max priority back to 1.0)."""
+        def impl():
+            return tf.group(_ring.clear(self._buffer.state), sum_tree.reset(self._sums, "sum"),
+                            sum_tree.reset(self._mins, "min"), self._max_priority.assign(1.0))
+        op = self._run("clear", impl)
+        return None if tf.executing_eagerly() else op
+
+    def update_priorities(self, ids, priorities):
+        """Sets the priorities of sampled items.
+
+        Args:
+          ids: `BufferInfo.ids` of a `get_next` result: `[B]`, or `[B, T]` (the first column is used).
+          priorities: `[B]` non-negative finite floats (0 means never sampled again).
+
+        Ids whose items have been overwritten since they were sampled are skipped (as Reverb does for
+        deleted keys). Ids never issued by this buffer (negative, or newer than the newest item) and
+        negative, NaN or infinite priorities raise InvalidArgumentError.
+        """
+        ids = tf.convert_to_tensor(ids, dtype_hint=tf.int64)
+        priorities = tf.convert_to_tensor(priorities, dtype_hint=tf.float32)
+        if ids.dtype not in (tf.int32, tf.int64):
+            raise TypeError(f"update_priorities: ids must be int32/int64, got {ids.dtype.name}")
+        if not priorities.dtype.is_floating:
+            raise TypeError(f"update_priorities: priorities must be floats, got {priorities.dtype.name}")
+        if ids.shape.rank not in (None, 1, 2):
+            raise ValueError(f"update_priorities: ids must be [B] or [B, T], got shape {ids.shape}")
+        ids = tf.cast(ids, tf.int64)
+        if ids.shape.rank == 2:
+            ids = ids[:, 0]
+        if (ids.shape.rank is not None and priorities.shape.rank is not None
+                and ids.shape.is_fully_defined() and priorities.shape.is_fully_defined()
+                and ids.shape.as_list() != priorities.shape.as_list()):
+            raise ValueError(f"update_priorities: priorities shape {priorities.shape.as_list()} must match "
+                             f"ids shape {ids.shape.as_list()} (one priority per sampled item)")
+        op = self._run("update", self._update_impl, tensors=(ids, tf.cast(priorities, tf.float32)))
+        return None if tf.executing_eagerly() else op
+
+    def _update_impl(self, ids, priorities):
+        state, batch_size = self._buffer.state, self._buffer.batch_size
+        capacity = batch_size * self._buffer.max_length
+        checks = [
+            tf.debugging.assert_all_finite(priorities, "update_priorities: priorities must be finite "
+                                                       "(got NaN or inf)"),
+            tf.debugging.assert_non_negative(priorities, "update_priorities: priorities must be >= 0"),
+        ]
+        last_id = state.last_id.read_value()
+        steps = tf.math.floordiv(ids, batch_size)
+        checks.append(tf.debugging.Assert(
+            tf.reduce_all((ids >= 0) & (steps <= last_id)),
+            ["update_priorities: unknown ids: every id must come from BufferInfo.ids of this buffer "
+             "(0 <= id < (newest step + 1) * batch_size). ids:", ids, "newest step:", last_id], summarize=16))
+        with tf.control_dependencies(checks):
+            rows = tf.math.floormod(ids, capacity)
+            oldest = tf.maximum(last_id + 1 - self._buffer.max_length, 0)
+            # An overwritten item's row now holds a newer item: write that item's current value back.
+            overwritten = steps < oldest
+            values = tf.where(overwritten, sum_tree.read_leaves(self._sums, rows),
+                              tf.pow(priorities, self._alpha))
+            new_max = tf.maximum(self._max_priority.read_value(),
+                                 tf.reduce_max(tf.where(overwritten, 0.0, priorities)))
+            return tf.group(sum_tree.update(self._sums, rows, values, "sum"),
+                            sum_tree.update(self._mins, rows, values, "min"),
+                            self._max_priority.assign(new_max))
+
+    # ----- sampling -----
+    def get_next(self, sample_batch_size: int | None = None, num_steps: int | None = None,
+                 time_stacked: bool = True):
+        """As `UniformReplayBuffer.get_next`, drawn proportionally to priority**alpha.
+
+        Returns:
+          `(data, PrioritizedBufferInfo(ids, probabilities, importance_weights))`.
+        """
+        sample_batch_size, num_steps = self._buffer._check_sample_args(sample_batch_size, num_steps)
+        return self._run("get_next", self._get_next_impl, sample_batch_size, num_steps, bool(time_stacked))
+
+    def _valid_mass(self, lo, hi):
+        """(prefix mass before the first valid row, mass of the unwrapped part, total valid mass)."""
+        batch_size, capacity = self._buffer.batch_size, self._buffer.batch_size * self._buffer.max_length
+        # Valid starts [lo, hi) are rows [first, first + count) modulo capacity: one range, maybe wrapped.
+        first = tf.math.floormod(lo, self._buffer.max_length) * batch_size
+        count = (hi - lo) * batch_size
+        end = first + count
+        prefix = sum_tree.prefix_sum(self._sums, tf.stack([first, tf.minimum(end, capacity),
+                                                           tf.maximum(end - capacity, 0)]))
+        head = prefix[1] - prefix[0]               # rows first .. min(end, capacity) - 1
+        return prefix[0], head, head + prefix[2]   # + rows 0 .. end - capacity - 1 when wrapped
+
+    def _draw(self, n, lo, hi, num_steps):
+        """n (starts, segments, probabilities) drawn by priority among valid, episode-respecting windows."""
+        buffer = self._buffer
+        batch_size, max_length = buffer.batch_size, buffer.max_length
+        capacity = batch_size * max_length
+        before, head, valid = self._valid_mass(lo, hi)
+        episode_aware = buffer.state.episode_index is not None and num_steps not in (None, 1)
+        if episode_aware:
+            # Exact normalizer: mass of the valid starts whose window stays in one episode (O(capacity)).
+            starts = tf.range(lo, hi)[:, None] + tf.zeros([batch_size], tf.int64)
+            segments = tf.zeros_like(starts) + tf.range(batch_size, dtype=tf.int64)
+            ok = tf.logical_not(_ring.crosses_episode(buffer.state, starts, segments, num_steps,
+                                                      max_length, batch_size))
+            leaves = sum_tree.read_leaves(self._sums, _ring.rows_for(starts, segments, None, max_length,
+                                                                     batch_size))
+            normalizer = tf.reduce_sum(tf.where(ok, leaves, 0.0))
+        else:
+            normalizer = valid
+        check = tf.debugging.assert_greater(
+            normalizer, 0.0, message="PrioritizedReplayBuffer: every valid window has priority 0; raise some "
+                                     "priorities with update_priorities")
+        first = tf.math.floormod(lo, max_length) * batch_size
+        count = (hi - lo) * batch_size
+
+        def draw(mask, starts, segments):
+            u = tf.random.uniform([n], 0.0, 1.0) * valid
+            # Mass coordinate in the tree: the valid range starts at `before`; past its unwrapped part
+            # (`head`) it continues from row 0.
+            mass = tf.where(u < head, before + u, u - head)
+            rows = sum_tree.find(self._sums, mass)
+            offset = tf.math.floormod(rows - first, capacity)         # position inside the valid range
+            new_starts = lo + offset // batch_size
+            new_segments = tf.math.floormod(rows, batch_size)
+            bad = offset >= count                                       # float rounding at the edges
+            if episode_aware:
+                bad |= _ring.crosses_episode(buffer.state, new_starts, new_segments, num_steps, max_length,
+                                             batch_size)
+            return (tf.logical_and(mask, bad), _ring.redraw(mask, new_starts, starts),
+                    _ring.redraw(mask, new_segments, segments))
+
+        with tf.control_dependencies([check]):
+            zeros = tf.zeros([n], tf.int64)
+            bad, starts, segments = draw(tf.ones([n], tf.bool), zeros, zeros)
+        rounds, bad, starts, segments = tf.while_loop(
+            lambda r, bad, s, g: tf.reduce_any(bad) & (r < _MAX_REJECTION_ROUNDS),
+            lambda r, bad, s, g: (r + 1,) + draw(bad, s, g),
+            (tf.constant(0), bad, starts, segments))
+        check = tf.debugging.assert_equal(tf.reduce_any(bad), False, message=(
+            f"PrioritizedReplayBuffer: no valid window found in {_MAX_REJECTION_ROUNDS} rounds"))
+        with tf.control_dependencies([check]):
+            rows = _ring.rows_for(starts, segments, None, max_length, batch_size)
+            probabilities = sum_tree.read_leaves(self._sums, rows) / normalizer
+        return starts, segments, probabilities
+
+    def _get_next_impl(self, sample_batch_size, num_steps, time_stacked):
+        buffer = self._buffer
+        n = sample_batch_size or 1
+        flat, starts, segments, probabilities = buffer._sample_windows(
+            n, num_steps, lambda lo, hi: self._draw(n, lo, hi, num_steps),
+            lambda lo, hi: buffer._assert_can_sample(lo, hi, num_steps))
+        rows = _ring.rows_for(starts, segments, None, buffer.max_length, buffer.batch_size)
+        smallest = sum_tree.root(self._mins, "min")
+        weights = tf.pow(sum_tree.read_leaves(self._sums, rows) / smallest, -self._beta.read_value())
+        ids_start = starts * buffer.batch_size + segments
+        data, info = buffer._package(flat, starts, [probabilities, weights], sample_batch_size, num_steps,
+                                     time_stacked, info_type=lambda ids, p, w: (ids, p, w))
+        del info  # ids below are item ids, not the uniform buffer's step ids
+        if num_steps is None:
+            ids = ids_start
+        else:
+            ids = ids_start[:, None] + tf.range(num_steps, dtype=tf.int64) * buffer.batch_size
+        probabilities, weights = probabilities, weights
+        if sample_batch_size is None:
+            ids, probabilities, weights = ids[0], probabilities[0], weights[0]
+        if num_steps is not None and not time_stacked:
+            axis = 1 if sample_batch_size is not None else 0
+            ids = tuple(tf.gather(ids, i, axis=axis) for i in range(num_steps))
+        return data, PrioritizedBufferInfo(ids, probabilities, weights)
+
+    def as_dataset(self, sample_batch_size: int | None = None, num_steps: int | None = None,
+                   num_parallel_calls: int | None = None, single_deterministic_pass: bool = False
+                   ) -> tf.data.Dataset:
+        """As `UniformReplayBuffer.as_dataset`; random draws are prioritized. The deterministic pass is
+        the uniform buffer's (every stored step once, TF-Agents' ids, no priorities involved)."""
+        if single_deterministic_pass:
+            return self._buffer.as_dataset(sample_batch_size, num_steps, num_parallel_calls, True)
+        self._buffer._check_list_free_spec()
+        sample_batch_size, num_steps = self._buffer._check_sample_args(sample_batch_size, num_steps)
+        chunk = sample_batch_size or uniform._UNBATCHED_CHUNK
+
+        def fn(_):
+            with tf.device(self._device), tf.name_scope(self._scope):
+                return self._get_next_impl(chunk, num_steps, True)
+
+        ds = tf.data.Dataset.counter().map(fn, num_parallel_calls=num_parallel_calls)
+        return ds.unbatch() if sample_batch_size is None else ds

@@ -1,0 +1,151 @@
+"""PrioritizedReplayBuffer: sampling proportional to p**alpha (chi-square), weights, updates, bad input."""
+import doctest
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import replay_tf
+from replay_tf.buffers import prioritized
+
+# chi2.ppf(0.999, df): a correct sampler fails these with probability 0.001 (the seed is fixed anyway).
+CHI2_999 = {7: 24.3219, 11: 31.2641, 15: 37.6973, 23: 49.7282}
+SPEC = {"step": tf.TensorSpec([], tf.int64), "segment": tf.TensorSpec([], tf.int64)}
+
+
+def _filled(batch_size, max_length, adds, **kwargs):
+    rb = replay_tf.PrioritizedReplayBuffer(SPEC, batch_size, max_length, **kwargs)
+    for step in range(adds):
+        rb.add_batch({"step": tf.fill([batch_size], tf.constant(step, tf.int64)),
+                      "segment": tf.range(batch_size, dtype=tf.int64)})
+    return rb
+
+
+def _chi_square(counts, expected_probabilities):
+    expected = counts.sum() * expected_probabilities
+    return float(((counts - expected) ** 2 / expected).sum())
+
+
+def test_doctests():
+    failures, _ = doctest.testmod(prioritized, raise_on_error=False, verbose=False)
+    assert failures == 0
+
+
+@pytest.mark.parametrize("alpha, num_steps", [(0.6, None), (1.0, None), (0.6, 3)])
+def test_sampling_is_proportional_to_priority_power_alpha(alpha, num_steps):
+    tf.random.set_seed(1234)
+    batch_size, max_length = 2, 8
+    rb = _filled(batch_size, max_length, 11, alpha=alpha)        # wrapped: steps 3..10 stored
+    ids = np.arange(3 * batch_size, 11 * batch_size)              # id = step * batch_size + segment
+    priorities = np.linspace(0.5, 4.0, ids.size).astype(np.float32)
+    rb.update_priorities(tf.constant(ids), tf.constant(priorities))
+    # Valid window starts: all stored steps but the newest num_steps - 1.
+    valid = ids // batch_size <= 10 - ((num_steps or 1) - 1)
+    expected = np.where(valid, priorities ** alpha, 0.0)
+    expected /= expected.sum()
+    counts = np.zeros(ids.size)
+    draws = 0
+    for _ in range(8):
+        data, info = rb.get_next(sample_batch_size=4000, num_steps=num_steps)
+        first = info.ids.numpy() if num_steps is None else info.ids.numpy()[:, 0]
+        np.add.at(counts, first - ids[0], 1)
+        draws += first.size
+        # Data and ids agree; probabilities and weights are the documented formulas.
+        steps = data["step"].numpy() if num_steps is None else data["step"].numpy()[:, 0]
+        np.testing.assert_array_equal(steps * batch_size + data["segment"].numpy().reshape(4000, -1)[:, 0],
+                                      first)
+        np.testing.assert_allclose(info.probabilities.numpy(), expected[first - ids[0]], rtol=1e-4)
+        weights = (priorities[first - ids[0]] / priorities.min()) ** (-alpha * 0.4)
+        np.testing.assert_allclose(info.importance_weights.numpy(), weights, rtol=1e-4)
+    assert counts[~valid].sum() == 0
+    df = int(valid.sum()) - 1
+    assert _chi_square(counts[valid], expected[valid]) < CHI2_999[df], counts
+
+
+def test_windows_and_new_items_get_max_priority():
+    tf.random.set_seed(7)
+    rb = _filled(2, 5, 3, alpha=1.0)
+    rb.update_priorities(tf.constant([0, 1, 2, 3, 4, 5]), tf.constant([0.0, 0.0, 0.0, 0.0, 0.0, 3.0]))
+    data, info = rb.get_next(sample_batch_size=50)
+    assert set(info.ids.numpy().tolist()) == {5}
+    # A new step enters at the max priority seen (3.0), as large as id 5's.
+    rb.add_batch({"step": tf.constant([3, 3], tf.int64), "segment": tf.constant([0, 1], tf.int64)})
+    data, info = rb.get_next(sample_batch_size=3000)
+    counts = np.bincount(info.ids.numpy(), minlength=8)
+    assert counts[:5].sum() == 0
+    assert _chi_square(counts[5:8], np.array([1 / 3, 1 / 3, 1 / 3])) < 13.8  # chi2.ppf(0.999, 2)
+    # Windows of 2: starts must leave room for a successor; id 7 (step 3) cannot start one.
+    data, info = rb.get_next(sample_batch_size=200, num_steps=2)
+    assert set(info.ids.numpy()[:, 0].tolist()) == {5}
+    np.testing.assert_array_equal(data["step"].numpy(), np.tile([2, 3], (200, 1)))
+    np.testing.assert_array_equal(info.ids.numpy(), np.tile([5, 7], (200, 1)))
+    unstacked, info = rb.get_next(sample_batch_size=4, num_steps=2, time_stacked=False)
+    assert len(unstacked) == 2 and [i.shape.as_list() for i in info.ids] == [[4], [4]]
+    single, info = rb.get_next()
+    assert single["step"].shape == () and info.ids.shape == () and info.importance_weights.shape == ()
+
+
+def test_overwritten_ids_are_skipped_and_clear_resets():
+    rb = _filled(1, 3, 5, alpha=1.0)                       # steps 2, 3, 4 stored (ids 2, 3, 4)
+    rb.update_priorities(tf.constant([0, 1, 2]), tf.constant([5.0, 5.0, 0.0]))  # 0, 1: overwritten
+    data, info = rb.get_next(sample_batch_size=300)
+    assert set(info.ids.numpy().tolist()) == {3, 4}
+    rb.clear()
+    assert int(rb.num_frames()) == 0
+    with pytest.raises(tf.errors.InvalidArgumentError, match="no valid window"):
+        rb.get_next(sample_batch_size=2)
+
+
+@pytest.mark.parametrize("ids, priorities, error, pattern", [
+    ([0, 1], [1.0, -1.0], tf.errors.InvalidArgumentError, "priorities must be >= 0"),
+    ([0, 1], [1.0, float("nan")], tf.errors.InvalidArgumentError, "must be finite"),
+    ([0, 1], [float("inf"), 1.0], tf.errors.InvalidArgumentError, "must be finite"),
+    ([0, 99], [1.0, 1.0], tf.errors.InvalidArgumentError, "unknown ids"),
+    ([-1], [1.0], tf.errors.InvalidArgumentError, "unknown ids"),
+    ([0, 1], [1.0], ValueError, r"priorities shape \[1\] must match ids shape \[2\]"),
+    ([0.5], [1.0], TypeError, "ids must be int32/int64"),
+])
+def test_update_priorities_bad_input(ids, priorities, error, pattern):
+    rb = _filled(2, 4, 2)
+    with pytest.raises(error, match=pattern):
+        rb.update_priorities(tf.constant(ids), tf.constant(priorities))
+
+
+def test_all_zero_priorities_is_an_error_not_garbage():
+    rb = _filled(1, 4, 2)
+    rb.update_priorities(tf.constant([0, 1]), tf.constant([0.0, 0.0]))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="every valid window has priority 0"):
+        rb.get_next(sample_batch_size=2)
+
+
+def test_in_tf_function_and_xla():
+    rb = _filled(2, 6, 3, alpha=0.6)
+    counter = tf.Variable(2, dtype=tf.int64)
+
+    @tf.function(jit_compile=True)
+    def step():
+        next_step = counter.assign_add(1)
+        rb.add_batch({"step": tf.fill([2], next_step), "segment": tf.constant([0, 1], tf.int64)})
+        data, info = rb.get_next(sample_batch_size=8, num_steps=2)
+        rb.update_priorities(info.ids, tf.abs(tf.cast(data["step"][:, 0], tf.float32)) + 0.5)
+        return data, info
+
+    for _ in range(3):
+        data, info = step()
+    np.testing.assert_array_equal(data["step"].numpy()[:, 1] - data["step"].numpy()[:, 0], np.ones(8))
+    assert int(rb.num_frames()) == 12
+
+
+def test_checkpoint_round_trip_restores_priorities(tmp_path):
+    rb = _filled(2, 4, 6, alpha=1.0)
+    rb.update_priorities(tf.constant([4, 5, 6, 7, 8, 9, 10, 11]),
+                         tf.constant([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 9.0]))
+    path = tf.train.Checkpoint(rb=rb).save(str(tmp_path / "ckpt"))
+    restored = _filled(2, 4, 1, alpha=1.0)
+    tf.train.Checkpoint(rb=restored).restore(path).assert_consumed()
+    data, info = restored.get_next(sample_batch_size=20)
+    assert set(info.ids.numpy().tolist()) == {11}
+    assert int(restored.num_frames()) == 8
+    restored.add_batch({"step": tf.constant([6, 6], tf.int64), "segment": tf.constant([0, 1], tf.int64)})
+    data, info = restored.get_next(sample_batch_size=3000)
+    assert set(info.ids.numpy().tolist()) == {11, 12, 13}   # new items at the restored max priority 9

@@ -51,7 +51,8 @@ def builder(name_or_dir: PathOrName, *, data_dir: Optional[str] = None, validate
         `dataset_info.json`), or a list of such directories with the same features (merged).
       data_dir: TFDS data dir for names.
       validate: check that the features are RLDS (`steps` with every core step field).
-      recover: repair a directory left by a killed recorder first (never while a recorder writes into it).
+      recover: repair a directory left by a killed rlds_tf recorder first (never while it writes into it;
+        other writers' directories are left as they are: call `rlds_tf.recording.recover` for those).
 
     Raises:
       FileNotFoundError: a directory does not exist.
@@ -90,7 +91,11 @@ def _check_dir(directory: str, recover: bool) -> str:
         children = sorted(os.listdir(directory))[:10]
         raise ValueError(f"{directory!r} is not a TFDS dataset directory: missing {missing} (it holds {children}); "
                          f"point at the directory that contains dataset_info.json, e.g. <name>/<version>")
-    if recover and not _tfrecord_files.writer_is_active(directory) and crash_recovery.needs_recovery(directory):
+    # Only directories written by rlds_tf's recorder (they hold its lock file) are repaired automatically: for
+    # them the metadata lists every complete episode, and the lock tells a live writer from a dead one.
+    written_by_us = os.path.exists(os.path.join(directory, _tfrecord_files.LOCK_FILE))
+    if (recover and written_by_us and not _tfrecord_files.writer_is_active(directory)
+            and crash_recovery.needs_recovery(directory)):
         try:
             crash_recovery.recover(directory)
         except OSError as e:  # e.g. a read-only copy: TFDS may still fail on the cut record, with its own error

@@ -133,6 +133,7 @@ def test_recover_each_crash_point(tmp_path, case):
     source, directory = str(tmp_path / "src"), str(tmp_path / "ds")
     _record(source, 5, max_per_file=3)  # shards: [3, 2]
     os.makedirs(directory)
+    open(os.path.join(directory, _tfrecord_files.LOCK_FILE), "w").close()  # what the rlds_tf recorder leaves
     records = _record_bytes(source, 0) + _record_bytes(source, 1)
     with open(os.path.join(source, "features.json")) as src, open(os.path.join(directory, "features.json"), "w") as dst:
         dst.write(src.read())
@@ -187,3 +188,20 @@ def test_recover_refuses_while_a_writer_is_active(tmp_path):
     assert crash_recovery.recover(str(tmp_path)) is False
 
 
+
+
+def test_foreign_directories_are_only_recovered_on_request(tmp_path):
+    """load() repairs only rlds_tf recordings; another writer's directory needs an explicit recover()."""
+    directory = str(tmp_path)
+    _record(directory, 4, max_per_file=3)
+    os.unlink(os.path.join(directory, _tfrecord_files.LOCK_FILE))
+    with open(os.path.join(directory, "dataset_info.json")) as f:
+        info = json.load(f)
+    info["splits"][0]["shardLengths"] = ["3"]  # as envlogger leaves it: the open shard is not listed
+    with open(os.path.join(directory, "dataset_info.json"), "w") as f:
+        json.dump(info, f)
+    assert len(to_numpy(rlds.load(directory, split="train"))) == 3
+    assert crash_recovery.needs_recovery(directory)
+    assert crash_recovery.recover(directory)
+    loaded = [e["steps"] for e in to_numpy(rlds.load_stacked(directory, "train"))]
+    assert_nested_equal(loaded, _expected_episodes(4))

@@ -86,6 +86,11 @@ def recover(data_directory: str) -> bool:
     """
     if files.writer_is_active(data_directory):
         raise RuntimeError(f"cannot recover {data_directory!r}: a recorder is still writing into it")
+    return recover_locked(data_directory)
+
+
+def recover_locked(data_directory: str) -> bool:
+    """`recover` for the caller that holds the directory's writer lock itself."""
     for leftover in glob.glob(os.path.join(data_directory, ".tmp-*.json")):
         os.unlink(leftover)
     info, actions, changed = _plan(data_directory)

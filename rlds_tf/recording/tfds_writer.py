@@ -122,9 +122,9 @@ class DatasetWriter:
         try:
             appending = not overwrite and os.path.exists(os.path.join(data_directory, files.DATASET_INFO))
             if appending:
-                self._lock.release()  # recover() refuses to run while the lock is held
-                crash_recovery.recover(data_directory)
-                self._lock.acquire()
+                crash_recovery.recover_locked(data_directory)
+            else:
+                _remove_old_shards(data_directory, ds_config.name, split_names, file_format)
             identity = tfds.core.dataset_info.DatasetIdentity(
                 name=ds_config.name, version=tfds.core.Version(version), data_dir=data_directory, module_name="")
             self._ds_info = tfds.rlds.rlds_base.build_info(
@@ -207,6 +207,20 @@ class DatasetWriter:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _remove_old_shards(data_directory: str, name: str, split_names: Sequence[str], file_format: str) -> None:
+    """overwrite=True: drops the shards a previous recording left under the names this one will use.
+
+    Otherwise a crash early in the new recording would leave old shards after the new ones, and crash
+    recovery (which lists complete records found past the metadata) could not tell them apart.
+    """
+    import glob
+    suffix = file_adapters.FileFormat(file_format).file_suffix
+    for split in split_names:
+        for path in glob.glob(os.path.join(glob.escape(data_directory), f"{glob.escape(name)}-{glob.escape(split)}"
+                                                                        f".{suffix}-*")):
+            os.unlink(path)
 
 
 def _to_numpy(value: Any) -> Any:

@@ -205,3 +205,12 @@ def test_foreign_directories_are_only_recovered_on_request(tmp_path):
     assert crash_recovery.recover(directory)
     loaded = [e["steps"] for e in to_numpy(rlds.load_stacked(directory, "train"))]
     assert_nested_equal(loaded, _expected_episodes(4))
+
+
+def test_overwrite_removes_old_shards_so_recovery_cannot_pick_them_up(tmp_path):
+    directory = str(tmp_path)
+    _record(directory, 5, max_per_file=2)  # shards 0, 1, 2
+    _record(directory, 1, max_per_file=2)  # overwrite: shard 0 only
+    assert sorted(f for f in os.listdir(directory) if ".tfrecord-" in f) == ["rlds_dataset-train.tfrecord-00000"]
+    assert not crash_recovery.needs_recovery(directory)
+    assert len(to_numpy(rlds.load(directory, split="train"))) == 1

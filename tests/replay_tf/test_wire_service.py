@@ -1,0 +1,242 @@
+"""Our ReverbService with raw gRPC calls: statuses for bad input, freed chunks, and a server that survives."""
+import gc
+import os
+import random
+import threading
+import time
+
+import grpc
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import replay_tf as reverb
+from replay_tf import errors
+from replay_tf import service
+from replay_tf.core import chunk_store
+from replay_tf.wire import codec
+from replay_tf.wire import reverb_service_pb2
+from replay_tf.wire import schema_pb2
+
+_PREFIX = "/deepmind.reverb.ReverbService/"
+
+
+@pytest.fixture(scope="module")
+def server():
+    server = reverb.Server([
+        reverb.Table("t", reverb.selectors.Uniform(), reverb.selectors.Fifo(), 100, reverb.rate_limiters.MinSize(1)),
+        reverb.Table("sig", reverb.selectors.Uniform(), reverb.selectors.Fifo(), 100, reverb.rate_limiters.MinSize(1),
+                     signature={"x": tf.TensorSpec([None, 2], tf.float32)}),
+        reverb.Table("empty", reverb.selectors.Uniform(), reverb.selectors.Fifo(), 100,
+                     reverb.rate_limiters.MinSize(1)),
+        reverb.Table.queue("q", 2),
+    ])
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def channel(server):
+    with grpc.insecure_channel(f"localhost:{server.port}") as channel:
+        yield channel
+
+
+def _stream(channel, method, requests, timeout=20):
+    call = channel.stream_stream(_PREFIX + method, request_serializer=lambda b: b,
+                                 response_deserializer=lambda b: b)(iter(requests), timeout=timeout)
+    return list(call)
+
+
+def _chunk(key, rows=3, dtype=np.float32, width=2):
+    return chunk_store.Chunk(key, [np.arange(rows * width, dtype=dtype).reshape(rows, width)],
+                             chunk_store.SequenceRange(1, 0, rows - 1))
+
+
+def _request(chunks=(), items=(), keep=()):
+    request = reverb_service_pb2.InsertStreamRequest(keep_chunk_keys=list(keep))
+    for chunk in chunks:
+        request.chunks.append(codec.chunk_to_proto(chunk))
+    for key, table, slices, squeeze in items:
+        item = request.items.add(key=key, table=table, priority=1.0)
+        column = item.flat_trajectory.columns.add(squeeze=squeeze)
+        for chunk_key, offset, length in slices:
+            column.chunk_slices.add(chunk_key=chunk_key, offset=offset, length=length)
+    return request.SerializeToString()
+
+
+def _status(fn):
+    with pytest.raises(grpc.RpcError) as info:
+        fn()
+    return info.value.code(), info.value.details()
+
+
+INSERT_ERRORS = [
+    # (requests, code, details regex)
+    ([b"\xff\xff\xff"], grpc.StatusCode.INVALID_ARGUMENT, r"malformed InsertStreamRequest \(3 bytes\)"),
+    ([_request()], grpc.StatusCode.INVALID_ARGUMENT, r"at least one chunk or item"),
+    ([_request([_chunk(1)], [(10, "nope", [(1, 0, 1)], False)])], grpc.StatusCode.NOT_FOUND,
+     r"Priority table nope was not found. The server has tables: \['empty', 'q', 'sig', 't'\]"),
+    ([_request([], [(10, "t", [(99, 0, 1)], False)])], grpc.StatusCode.FAILED_PRECONDITION,
+     r"Could not find sequence chunk 99"),
+    ([_request([_chunk(1)], [(10, "t", [(1, 0, 1)], False)]), _request([], [(11, "t", [(1, 0, 1)], False)])],
+     grpc.StatusCode.FAILED_PRECONDITION, r"Could not find sequence chunk 1\. .*keep_chunk_keys"),
+    ([_request([_chunk(1)], [(10, "t", [(1, 0, 1)], False)], keep=[1, 5])], grpc.StatusCode.FAILED_PRECONDITION,
+     r"Kept less chunks than expected.*\[5\]"),
+    ([_request([_chunk(1)], [(10, "t", [(1, 2, 5)], False)])], grpc.StatusCode.INVALID_ARGUMENT,
+     r"slice \(1, 2, 5, 0\) of column 0 is out of chunk 1's rows \[0, 3\)"),
+    ([_request([_chunk(1, dtype=np.int32)], [(10, "sig", [(1, 0, 2)], False)])], grpc.StatusCode.INVALID_ARGUMENT,
+     r"does not match the table signature at column 'x'.*got dtype=int32 shape=\[2, 2\]"),
+    ([_request([_chunk(1, width=3)], [(10, "sig", [(1, 0, 2)], False)])], grpc.StatusCode.INVALID_ARGUMENT,
+     r"column 'x'.*got dtype=float32 shape=\[2, 3\]"),
+    ([_request([_chunk(1), _chunk(2, width=3)], [(10, "t", [(1, 0, 1), (2, 0, 1)], False)])],
+     grpc.StatusCode.INVALID_ARGUMENT, r"column 0 joins slices of different dtypes or shapes"),
+]
+
+
+@pytest.mark.parametrize("requests,code,details", INSERT_ERRORS)
+def test_insert_stream_errors(channel, server, requests, code, details):
+    got_code, got_details = _status(lambda: _stream(channel, "InsertStream", requests))
+    assert got_code == code
+    assert __import__("re").search(details, got_details), got_details
+    assert server.tables["t"].get_item(11) is None
+
+
+def test_corrupt_chunk_content_is_rejected_when_read_and_header_errors_at_once(channel):
+    proto = codec.chunk_to_proto(_chunk(7))
+    proto.data.tensors[0].dtype = tf.variant.as_datatype_enum
+    request = reverb_service_pb2.InsertStreamRequest(chunks=[proto]).SerializeToString()
+    code, details = _status(lambda: _stream(channel, "InsertStream", [request]))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "variant are not supported" in details
+
+
+def test_insert_confirms_keys_and_data_round_trips(channel, server):
+    responses = _stream(channel, "InsertStream", [
+        _request([_chunk(21)], [(30, "t", [(21, 0, 2)], False)], keep=[21]),
+        _request([], [(31, "t", [(21, 2, 1)], True)])])
+    keys = [k for r in responses for k in reverb_service_pb2.InsertStreamResponse.FromString(r).keys]
+    assert keys == [30, 31]
+    np.testing.assert_array_equal(server.tables["t"].get_item(31).column_arrays()[0], [4.0, 5.0])
+    server.tables["t"].mutate_items(deletes=[30, 31])
+
+
+def test_chunks_of_failed_and_cancelled_streams_are_freed(channel, server):
+    gc.collect()
+    before = len(server.chunk_store)
+    _status(lambda: _stream(channel, "InsertStream", [_request([_chunk(40), _chunk(41)], [(50, "t", [(99, 0, 1)], False)])]))
+    # A client that disconnects mid-stream, with chunks held for later items.
+    stop = threading.Event()
+
+    def requests():
+        yield _request([_chunk(42)])
+        stop.wait(10)
+
+    call = channel.stream_stream(_PREFIX + "InsertStream", request_serializer=lambda b: b,
+                                 response_deserializer=lambda b: b)(requests(), timeout=20)
+    time.sleep(0.5)
+    call.cancel()
+    stop.set()
+    for _ in range(50):
+        gc.collect()
+        if len(server.chunk_store) == before:
+            break
+        time.sleep(0.1)
+    assert len(server.chunk_store) == before
+
+
+def test_sample_stream_statuses(channel):
+    def sample(table, num_samples, timeout_ms=0):
+        request = reverb_service_pb2.SampleStreamRequest(table=table, num_samples=num_samples)
+        request.rate_limiter_timeout.milliseconds = timeout_ms
+        return _stream(channel, "SampleStream", [request.SerializeToString()])
+
+    assert _status(lambda: sample("t", 0))[0] == grpc.StatusCode.INVALID_ARGUMENT
+    assert _status(lambda: sample("nope", 1))[0] == grpc.StatusCode.NOT_FOUND
+    code, details = _status(lambda: sample("empty", 1, timeout_ms=50))
+    assert (code, details) == (grpc.StatusCode.DEADLINE_EXCEEDED, errors.RATE_LIMITER_TIMEOUT_MESSAGE)
+    assert _status(lambda: _stream(channel, "SampleStream", [b"\x10"]))[0] == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_sample_entries_info_and_end_of_sequence(channel, server):
+    _stream(channel, "InsertStream", [_request([_chunk(60)], [(61, "q", [(60, 0, 3)], False)])])
+    request = reverb_service_pb2.SampleStreamRequest(table="q", num_samples=1).SerializeToString()
+    [raw] = _stream(channel, "SampleStream", [request])
+    [entry] = reverb_service_pb2.SampleStreamResponse.FromString(raw).entries
+    assert entry.end_of_sequence and entry.info.item.key == 61 and entry.info.item.table == "q"
+    assert entry.info.probability == 1.0 and entry.info.table_size == 1 and entry.info.item.times_sampled == 1
+    assert entry.info.item.inserted_at.seconds > 0
+    [chunk] = entry.data
+    np.testing.assert_array_equal(codec.decode_chunk_tensors(chunk)[0], _chunk(60).tensors[0])
+
+
+def test_large_sample_is_split_over_responses(channel, server):
+    big = chunk_store.Chunk(70, [np.random.default_rng(0).integers(0, 255, (3, 1 << 20), dtype=np.uint8)],
+                            chunk_store.SequenceRange(2, 0, 2))
+    small = [chunk_store.Chunk(71 + i, [np.random.default_rng(i).integers(0, 255, (1, 1 << 20), dtype=np.uint8)],
+                               chunk_store.SequenceRange(3 + i, 0, 0)) for i in range(3)]
+    request = reverb_service_pb2.InsertStreamRequest()
+    for chunk in [big] + small:
+        request.chunks.append(codec.chunk_to_proto(chunk))
+    item = request.items.add(key=80, table="q", priority=1.0)
+    for chunk in [big] + small:
+        item.flat_trajectory.columns.add().chunk_slices.add(chunk_key=chunk.key, offset=0, length=1)
+    _stream(channel, "InsertStream", [request.SerializeToString()])
+    sample = reverb_service_pb2.SampleStreamRequest(table="q", num_samples=1).SerializeToString()
+    responses = [reverb_service_pb2.SampleStreamResponse.FromString(r) for r in _stream(channel, "SampleStream", [sample])]
+    entries = [e for r in responses for e in r.entries]
+    assert len(responses) > 1 and entries[0].HasField("info") and not any(e.HasField("info") for e in entries[1:])
+    assert [e.end_of_sequence for e in entries] == [False] * (len(entries) - 1) + [True]
+    assert sorted(c.chunk_key for e in entries for c in e.data) == [70, 71, 72, 73]
+
+
+def test_initialize_connection_never_returns_a_pointer(channel):
+    request = reverb_service_pb2.InitializeConnectionRequest(pid=os.getpid(), table_name="t").SerializeToString()
+    [raw] = _stream(channel, "InitializeConnection", [request])
+    assert reverb_service_pb2.InitializeConnectionResponse.FromString(raw).address == 0
+
+
+def test_unary_errors(channel):
+    def unary(method, request):
+        return channel.unary_unary(_PREFIX + method, request_serializer=lambda b: b,
+                                   response_deserializer=lambda b: b)(request, timeout=20)
+
+    assert _status(lambda: unary("Reset", reverb_service_pb2.ResetRequest(table="x").SerializeToString()))[0] \
+        == grpc.StatusCode.NOT_FOUND
+    bad = reverb_service_pb2.MutatePrioritiesRequest(table="t", updates=[schema_pb2.KeyWithPriority(
+        key=1, priority=float("nan"))]).SerializeToString()
+    code, details = _status(lambda: unary("MutatePriorities", bad))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "NaN" in details
+    code, details = _status(lambda: unary("Checkpoint", b""))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "no Checkpointer" in details
+    assert _status(lambda: unary("ServerInfo", b"\x0a\x05ab"))[0] == grpc.StatusCode.INVALID_ARGUMENT
+    info = reverb_service_pb2.ServerInfoResponse.FromString(unary("ServerInfo", b""))
+    assert sorted(t.name for t in info.table_info) == ["empty", "q", "sig", "t"]
+    assert (info.tables_state_id.high, info.tables_state_id.low) != (0, 0)
+
+
+def test_random_bytes_never_take_the_server_down(channel, server):
+    rng = random.Random(0)
+    valid = _request([_chunk(90)], [(91, "t", [(90, 0, 1)], False)])
+    for i in range(60):  # truncations, bit flips and noise, on every streaming method
+        if i % 3 == 0:
+            blob = valid[:rng.randrange(len(valid))]
+        elif i % 3 == 1:
+            data = bytearray(valid)
+            for _ in range(3):
+                data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
+            blob = bytes(data)
+        else:
+            blob = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 64)))
+        method = ("InsertStream", "SampleStream", "InitializeConnection")[i % 3]
+        try:
+            _stream(channel, method, [blob], timeout=5)
+        except grpc.RpcError as e:
+            assert e.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
+                                grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.DEADLINE_EXCEEDED), e
+    # Everything still works.
+    client = reverb.Client(f"localhost:{server.port}")
+    assert sorted(client.server_info()) == ["empty", "q", "sig", "t"]
+
+
+def test_binds_localhost_and_refuses_a_taken_port(server):
+    with pytest.raises(ValueError, match=r"could not bind the replay service to localhost:\d+"):
+        service.start(server)

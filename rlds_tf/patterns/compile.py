@@ -162,10 +162,17 @@ def compile_blocks(blocks: tf.data.Dataset, configs: Sequence[Any], step_spec: A
             fire_end[k] = tf.logical_and(fire_end[k], tf.logical_not(fire_append[k]))
 
         # Items in Reverb's order: by step, then append before end-of-episode, then by config.
-        fired = tf.stack([tf.stack(fire_append, 1), tf.stack(fire_end, 1)], 1)  # [B, 2, K]
-        where = tf.where(fired)
-        item_step = where[:, 0]
-        item_config = where[:, 2]
+        if has_end_conditions:
+            fired = tf.stack([tf.stack(fire_append, 1), tf.stack(fire_end, 1)], 1)  # [B, 2, K]
+            where = tf.where(fired)
+            item_step, item_config = where[:, 0], where[:, 2]
+        elif num_configs == 1:
+            # Without is_end_episode conditions nothing fires at the end that did not fire at append.
+            item_step = tf.where(fire_append[0])[:, 0]
+            item_config = tf.zeros_like(item_step)
+        else:
+            where = tf.where(tf.stack(fire_append, 1))  # [B, K]
+            item_step, item_config = where[:, 0], where[:, 1]
 
         buffers = {}
         for j, c in enumerate(columns):
@@ -227,7 +234,35 @@ def compile_blocks(blocks: tf.data.Dataset, configs: Sequence[Any], step_spec: A
             out = tree.unflatten_as(signature, flat_items)
         return (new_hist, tf.constant(False), s_new, n_new, ssa_new), out
 
-    items = blocks.scan(initial_state, tf.autograph.experimental.do_not_convert(step_fn)).unbatch()
+    def carry_fn(state, block):
+        """Only what crosses blocks: histories and counters (cheap, so the scan is not the bottleneck)."""
+        hist, first, s0, n0, ssa0 = state
+        flat_block = tree.flatten(block)
+        is_last = tf.reshape(tf.cast(is_last_fn(block), tf.bool), [-1])
+        size = tf.shape(is_last, out_type=tf.int64)[0]
+        last_end = tf.reduce_max(tf.where(is_last, tf.range(size, dtype=tf.int64), -1))
+        # Steps after the last episode end in this block start the next episode's count.
+        s_new = tf.where(last_end >= 0, size - 1 - last_end, s0 + size)
+        n_new = tf.minimum(s_new if respect_episode_boundaries else n0 + size, capacity)
+        new_hist = []
+        for j, c in enumerate(columns):
+            old = hist[j]
+            if unknown_shape[c]:
+                placeholder = tf.zeros(tf.concat([[histories[c]], tf.shape(flat_block[c])[1:]], 0),
+                                       flat_spec[c].dtype)
+                old = tf.cond(first, lambda: placeholder, lambda: hist[j])
+            new_hist.append(tf.concat([old, flat_block[c]], 0)[-histories[c]:])
+        return (tuple(new_hist), tf.constant(False), s_new, n_new, ssa0), (state, block)
+
+    if ssa_configs:
+        # steps_since_applied depends on when the config last fired: evaluate inside the scan.
+        items = blocks.scan(initial_state, tf.autograph.experimental.do_not_convert(step_fn))
+    else:
+        # Everything else only needs the carried state: evaluate blocks in parallel, in order.
+        items = blocks.scan(initial_state, tf.autograph.experimental.do_not_convert(carry_fn)).map(
+            tf.autograph.experimental.do_not_convert(lambda state, block: step_fn(state, block)[1]),
+            num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    items = items.unbatch()
     if ragged_leaves:
         def cut(flat_items, lengths):
             flat_items = list(flat_items)
@@ -258,11 +293,14 @@ def episodes_to_blocks(episodes: tf.data.Dataset, steps_key: str,
                        block_size: int = DEFAULT_BLOCK_SIZE) -> tuple[tf.data.Dataset, Any]:
     """Blocks of steps from a dataset of episodes, and the spec of one step.
 
-    Episodes hold their steps either as a nested `tf.data.Dataset` (batched `block_size` at a time) or,
-    on the vectorized path, as stacked tensors with a leading time dimension (one block per episode).
+    Episodes hold their steps either as a nested `tf.data.Dataset` or, on the vectorized path, as stacked
+    tensors with a leading time dimension (one block per episode). Nested steps are flattened into one
+    stream and batched `block_size` at a time.
     """
     steps_spec = episodes.element_spec[steps_key]
-    if isinstance(steps_spec, tf.data.DatasetSpec):
-        return episodes.flat_map(lambda e: e[steps_key].batch(block_size)), steps_spec.element_spec
-    step_spec = tree.map_structure(lambda s: tf.TensorSpec(s.shape[1:], s.dtype), steps_spec)
-    return episodes.map(lambda e: e[steps_key]), step_spec
+    if not isinstance(steps_spec, tf.data.DatasetSpec):
+        step_spec = tree.map_structure(lambda s: tf.TensorSpec(s.shape[1:], s.dtype), steps_spec)
+        return episodes.map(lambda e: e[steps_key]), step_spec
+    # Batching the flat stream (blocks may span episodes; the scan carries the state across) is about
+    # twice as fast as batching each episode's steps dataset on its own.
+    return episodes.flat_map(lambda e: e[steps_key]).batch(block_size), steps_spec.element_spec

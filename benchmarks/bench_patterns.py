@@ -1,0 +1,123 @@
+"""pattern_map and batch side by side with rlds 0.1.8 (dm-reverb 0.14's PatternDataset) in the peer venv.
+
+Workloads (one process each side, same data, best of 3 full passes):
+  - pattern_map_from_transform(transition).batch(256) on 200 episodes x 100 steps, [10, 5] float32 obs.
+  - transformations.batch(size=2, shift=1) over the 20,000 flat steps.
+
+Rates are steady-state: one warmed-up iterator per workload, so the (larger, for us) one-off cost of
+instantiating the pipeline's functions is not timed. Run: `python -m benchmarks.run patterns`.
+"""
+from __future__ import annotations
+
+import textwrap
+
+from benchmarks import _harness
+
+NUM_EPISODES, EPISODE_LENGTH = 200, 100
+
+# Shared by both sides: `rlds` is rlds (peer) or rlds_tf (here); `best_rate` is the harness's timing loop.
+_WORKLOAD = """
+import numpy as np, tensorflow as tf
+E, T = {episodes}, {length}
+rng = np.random.default_rng(0)
+data = {{
+    'observation': rng.random((E, T, 10, 5), dtype=np.float32),
+    'action': rng.integers(0, 3, (E, T)).astype(np.int64),
+    'reward': rng.random((E, T)),
+    'discount': np.ones((E, T)),
+    'is_first': np.tile(np.arange(T) == 0, (E, 1)),
+    'is_last': np.tile(np.arange(T) == T - 1, (E, 1)),
+    'is_terminal': np.tile(np.arange(T) == T - 1, (E, 1)),
+}}
+episodes = tf.data.Dataset.from_tensor_slices(data).map(
+    lambda ep: {{'steps': tf.data.Dataset.from_tensor_slices(ep)}})
+steps = tf.data.Dataset.from_tensor_slices({{k: v.reshape((E * T,) + v.shape[2:]) for k, v in data.items()}})
+
+def transition(step):
+    return {{'observation': step['observation'][-2], 'action': step['action'][-2],
+             'next_observation': step['observation'][-1]}}
+
+transitions = rlds.transformations.pattern_map_from_transform(episodes, transition).batch(256)
+pairs = rlds.transformations.batch(steps, size=2, shift=1)
+
+def count_batches(ds, batches_per_call=80):
+    # Steady state: one iterator over the repeated dataset, warmed up, so iterator creation (function
+    # instantiation) is not timed; each call pulls about one pass.
+    it = iter(ds.repeat())
+    for _ in range(batches_per_call):
+        next(it)
+    return lambda: sum(int(tf.shape(next(it)['action'])[0]) for _ in range(batches_per_call))
+
+# Counted in the graph (a Python loop over 20,000 small elements would time Python, not tf.data), in
+# chunks of one pass from one warmed-up iterator.
+_pairs_it = iter(pairs.take(E * T - 1).repeat().batch(E * T - 1))  # the last pair has one step
+next(_pairs_it)
+
+def count_pairs():
+    return int(tf.shape(next(_pairs_it)['action'])[0])
+
+results = {{'transitions': best_rate(count_batches(transitions)), 'pairs': best_rate(count_pairs)}}
+if STACKED:
+    # The vectorized path: episodes whose steps are stacked tensors (rlds_tf's load_stacked layout).
+    stacked = tf.data.Dataset.from_tensor_slices(data).map(lambda ep: {{'steps': ep}})
+    results['stacked'] = best_rate(count_batches(
+        rlds.transformations.pattern_map_from_transform(stacked, transition).batch(256)))
+""".format(episodes=NUM_EPISODES, length=EPISODE_LENGTH)
+
+_BEST_RATE = '''
+import time
+def best_rate(fn, repeats=3, min_seconds=0.5):
+    best = 0.0
+    for _ in range(repeats):
+        count, start = 0, time.perf_counter()
+        while True:
+            count += fn()
+            elapsed = time.perf_counter() - start
+            if elapsed >= min_seconds:
+                break
+        best = max(best, count / elapsed)
+    return best
+'''
+
+
+def _ours() -> dict:
+    import rlds_tf as rlds  # noqa: F401  (used by the workload)
+    scope = {"rlds": rlds, "best_rate": _harness.best_rate, "STACKED": True}
+    exec(_WORKLOAD, scope)  # pylint: disable=exec-used
+    return scope["results"]
+
+
+def _theirs() -> dict | None:
+    peer = _harness.peer()
+    if peer is None:
+        return None
+    code = "import rlds\nSTACKED = False\n" + _BEST_RATE + _WORKLOAD + "\nemit('results', results)\n"
+    return peer.run(textwrap.dedent(code))["results"]
+
+
+def _best(a: dict | None, b: dict | None) -> dict | None:
+    if a is None or b is None:
+        return a or b
+    return {k: max(a[k], b.get(k, 0)) for k in a}
+
+
+def main() -> None:
+    # Alternate the two sides twice and keep each one's best: the machine is shared, so load drifts.
+    ours, theirs = _ours(), _theirs()
+    ours, theirs = _best(ours, _ours()), _best(theirs, _theirs())
+    rows = [
+        {"workload": f"pattern_map_from_transform(transition).batch(256), {NUM_EPISODES}x{EPISODE_LENGTH}, "
+                     f"obs [10,5] f32", "ours": ours["transitions"], "peer": theirs and theirs["transitions"],
+         "peer_name": "rlds 0.1.8 + reverb 0.14 PatternDataset", "unit": "transitions/s"},
+        {"workload": "same, episodes with stacked steps (vectorized path)", "ours": ours["stacked"],
+         "peer": theirs and theirs["transitions"], "peer_name": "rlds 0.1.8 (nested steps; no stacked path)",
+         "unit": "transitions/s"},
+        {"workload": "transformations.batch(size=2, shift=1) over steps", "ours": ours["pairs"],
+         "peer": theirs and theirs["pairs"], "peer_name": "rlds 0.1.8 (sliding_window_dataset)",
+         "unit": "batches/s"},
+    ]
+    _harness.report("patterns", rows)
+
+
+if __name__ == "__main__":
+    main()

@@ -35,7 +35,7 @@ class _Leaf:
         self.key = key
         self.dtype = np.dtype(feature.np_dtype)
         self.shape = tuple(feature.shape)
-        self.encoding = feature._encoding  # pylint: disable=protected-access
+        self.encoding = getattr(feature, "_encoding", _Encoding.NONE)  # pylint: disable=protected-access
         self.values: list[np.ndarray] = []
 
     def convert(self, value: Any, where: str) -> np.ndarray:
@@ -105,6 +105,18 @@ def _collect_leaves(feature: Any, path: tuple[str, ...], out: list[_Leaf], prefi
     return False
 
 
+def _collect_checkable(feature: Any, path: tuple[str, ...], out: list[_Leaf]) -> None:
+    """Leaves with a static shape and a numeric dtype (Tensor, Image, ...): enough to validate steps early."""
+    if isinstance(feature, tfds.features.FeaturesDict):
+        for name, sub in feature.items():
+            _collect_checkable(sub, path + (name,), out)
+        return
+    shape, dtype = getattr(feature, "shape", None), getattr(feature, "np_dtype", None)
+    if (isinstance(shape, tuple) and all(isinstance(d, int) and d >= 0 for d in shape) and dtype is not None
+            and np.dtype(dtype).kind in "biuf"):
+        out.append(_Leaf(path, "", feature))
+
+
 def _getter(path: tuple[str, ...]) -> Callable[[Mapping[str, Any]], Any]:
     if len(path) == 1:
         key = path[0]
@@ -137,6 +149,13 @@ class EpisodeEncoder:
                 fast = fast and _collect_leaves(sub, (name,), self._episode_leaves, "")
         self.fast = fast
         self._step_getters = [(leaf, _getter(leaf.path)) for leaf in self._step_leaves]
+        # Features the fast path cannot write (images, text, ...) still get their shapes and dtypes checked
+        # as steps arrive, so the error names the field; TFDS's encoder writes them at the end of the episode.
+        self._check_getters = []
+        if not fast and isinstance(steps_feature, tfds.features.Dataset):
+            checkable: list[_Leaf] = []
+            _collect_checkable(steps_feature.feature, (), checkable)
+            self._check_getters = [(leaf, _getter(leaf.path)) for leaf in checkable]
         self._step_keys = self._top_keys(steps_feature.feature) if isinstance(
             steps_feature, tfds.features.Dataset) else set()
         self._raw_steps: list[Mapping[str, Any]] = []
@@ -164,6 +183,12 @@ class EpisodeEncoder:
             for leaf, value in zip(self._step_leaves, converted):
                 leaf.values.append(value)
         else:
+            for leaf, get in self._check_getters:
+                try:
+                    value = get(step)
+                except (KeyError, TypeError) as e:
+                    raise ValueError(f"{where}{'/'.join(leaf.path)}: missing from the step") from e
+                leaf.convert(value, where)
             self._raw_steps.append(step)
         self.num_steps += 1
 

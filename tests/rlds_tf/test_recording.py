@@ -326,3 +326,47 @@ def test_backend_used_directly_like_envlogger(tmp_path):
         "discount": np.float64([0.5, 1, 0]), "is_first": np.bool_([1, 0, 0]), "is_last": np.bool_([0, 0, 1]),
         "is_terminal": np.bool_([0, 0, 0])})  # truncation: discount 1, so not terminal
     assert json.loads((tmp_path / "metadata.json").read_text()) == {"owner": "test"}
+
+
+def test_image_observation_through_envlogger(tmp_path):
+    """RGB image observations go through TFDS's own encoder; a frame of the wrong size is still named early."""
+    class Camera(dm_env.Environment):
+        def __init__(self):
+            self.t = 0
+
+        def reset(self):
+            self.t = 0
+            return dm_env.restart(self._obs())
+
+        def step(self, action):
+            self.t += 1
+            return dm_env.termination(1.0, self._obs()) if self.t == 2 else dm_env.transition(0.0, self._obs())
+
+        def _obs(self):
+            size = 6 if self.t == 1 and getattr(self, "broken", False) else 4
+            return {"image": np.full((size, 4, 3), self.t * 40, np.uint8), "x": np.float32(self.t)}
+
+        def observation_spec(self):
+            return {"image": specs.Array((4, 4, 3), np.uint8), "x": specs.Array((), np.float32)}
+
+        def action_spec(self):
+            return specs.DiscreteArray(2)
+
+    camera = Camera()
+    env = EnvLogger(camera, data_directory=str(tmp_path))
+    ts = env.reset()
+    while not ts.last():
+        ts = env.step(1)
+    camera.broken = True
+    env.reset()
+    with pytest.raises(ValueError, match=r"steps/observation/image: shape changed: expected \(4, 4, 3\) with "
+                                         r"dtype uint8, got \(6, 4, 3\)"):
+        env.step(1)
+        env.step(1)
+    env.close()
+    features = tfds.builder_from_directory(str(tmp_path)).info.features["steps"]["observation"]
+    assert isinstance(features["image"], tfds.features.Image)
+    (episode,) = to_numpy(rlds.load(str(tmp_path), split="train"))
+    assert_nested_equal(_stack(episode["steps"])["observation"],
+                        {"image": np.stack([np.full((4, 4, 3), v, np.uint8) for v in (0, 40, 80)]),
+                         "x": np.float32([0, 1, 2])})

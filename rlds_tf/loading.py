@@ -70,9 +70,12 @@ def builder(name_or_dir: PathOrName, *, data_dir: Optional[str] = None, validate
         else:
             try:
                 result = tfds.builder(name, data_dir=data_dir)
-            except tfds.core.registered.DatasetNotFoundError as e:
+            except (tfds.core.registered.DatasetNotFoundError, ValueError) as e:
+                if not isinstance(e, tfds.core.registered.DatasetNotFoundError) and "Parsing builder name" not in str(e):
+                    raise
+                reason = str(e).strip().splitlines()[0]  # TFDS goes on to list every dataset it knows
                 raise FileNotFoundError(f"{name!r} is neither an existing dataset directory nor a registered TFDS "
-                                        f"dataset name ({e})") from e
+                                        f"dataset name ({reason})") from e
     if validate:
         _check_rlds_features(result)
     return result

@@ -197,6 +197,13 @@ def test_missing_directory(tmp_path):
         rlds.load(str(tmp_path / "nope"), split="train")
 
 
+@pytest.mark.parametrize("name", ["no_such_dataset_xyz", "relative/missing-dir", "foo/bar/1.0.0"])
+def test_neither_directory_nor_tfds_name(name):
+    with pytest.raises(FileNotFoundError, match=rf"'{name}' is neither an existing dataset directory nor a "
+                                                r"registered TFDS dataset name \([^\n]*\)$"):
+        rlds.load(name, split="train")
+
+
 def test_directory_that_is_not_a_dataset(tmp_path):
     (tmp_path / "notes.txt").write_text("hi")
     with pytest.raises(ValueError, match=r"not a TFDS dataset directory: missing \['dataset_info.json', "

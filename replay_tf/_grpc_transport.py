@@ -24,6 +24,7 @@ import weakref
 from typing import Any, Dict, Optional
 
 import grpc
+import numpy as np
 
 from replay_tf import errors
 from replay_tf.core import chunk_store as chunk_store_lib
@@ -39,6 +40,8 @@ _CHANNEL_OPTIONS = [
     ("grpc.max_reconnect_backoff_ms", 30_000),  # as Reverb's client
 ]
 _MAX_REQUEST_BYTES = 4 << 20       # assemble queued items into requests up to about this size
+_MAX_REQUEST_ITEMS = 256
+_LINGER_S = 0.002                  # how long a request waits for more items (not while flushing)
 _CHUNK_CACHE_SIZE = 4096           # decoded chunks kept per sample stream
 _CLOSE_TIMEOUT_S = 10.0
 _CLOSE = object()
@@ -77,6 +80,7 @@ class _InsertStream:
         self._error: Optional[Exception] = None
         self._call = None
         self._closing = False
+        self._flushing = False
         self._reader: Optional[threading.Thread] = None
         # Chunks the server holds for this stream; entries vanish when the writer drops a chunk.
         self._sent: "weakref.WeakValueDictionary[int, chunk_store_lib.Chunk]" = weakref.WeakValueDictionary()
@@ -110,11 +114,20 @@ class _InsertStream:
             size = 0
             closing = False
             extra = None
-            while size < _MAX_REQUEST_BYTES:
+            linger_until = time.monotonic() + _LINGER_S
+            while size < _MAX_REQUEST_BYTES and len(queued) < _MAX_REQUEST_ITEMS:
                 try:
                     extra = self._queue.get_nowait()
                 except queue.Empty:
-                    break
+                    # Wait a moment for more items: one request per item would cost a message (and a
+                    # confirmation) per step, which is what limits Python gRPC.
+                    remaining = linger_until - time.monotonic()
+                    if remaining <= 0 or self._flushing:
+                        break
+                    try:
+                        extra = self._queue.get(timeout=remaining)
+                    except queue.Empty:
+                        break
                 if extra is _CLOSE:
                     closing = True
                     break
@@ -158,15 +171,23 @@ class _InsertStream:
     def flush(self, block_until_num_items: int = 0, timeout_ms: Optional[int] = None) -> None:
         deadline = None if timeout_ms is None or timeout_ms < 0 else time.monotonic() + timeout_ms / 1000.0
         with self._lock:
-            while self._unconfirmed > block_until_num_items:
-                self._raise_if_failed()
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    raise errors.DeadlineExceededError(
-                        f"Flush call did not complete within provided timeout of "
-                        f"{datetime.timedelta(milliseconds=timeout_ms)}")
-                self._confirmed_cv.wait(remaining if remaining is not None else 1.0)
+            self._flushing = True
+            try:
+                self._wait_confirmed(block_until_num_items, deadline, timeout_ms)
+            finally:
+                self._flushing = False
+
+    def _wait_confirmed(self, block_until_num_items: int, deadline: Optional[float], timeout_ms) -> None:
+        """Waits (lock held) until at most `block_until_num_items` items are unconfirmed."""
+        while self._unconfirmed > block_until_num_items:
             self._raise_if_failed()
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                raise errors.DeadlineExceededError(
+                    f"Flush call did not complete within provided timeout of "
+                    f"{datetime.timedelta(milliseconds=timeout_ms)}")
+            self._confirmed_cv.wait(remaining if remaining is not None else 1.0)
+        self._raise_if_failed()
 
     def num_pending(self) -> int:
         return self._unconfirmed
@@ -303,21 +324,73 @@ class _SampleStream:
                 info, chunks = self._partial
                 self._partial = None
                 item_proto = info.item
-                item = chunk_store_lib.Item(item_proto.key, item_proto.priority,
-                                            codec.trajectory_from_proto(item_proto.flat_trajectory),
-                                            chunks.values(), times_sampled=item_proto.times_sampled,
-                                            inserted_at=item_proto.inserted_at.seconds * 1_000_000_000
-                                            + item_proto.inserted_at.nanos)
-                out.append(table_lib.SampledItem(item, item_proto.priority, item_proto.times_sampled,
-                                                 info.probability, info.table_size, info.rate_limited))
+                priority, times_sampled = item_proto.priority, item_proto.times_sampled
+                item = _SampledItemData(item_proto.key, priority, times_sampled, item_proto.flat_trajectory, chunks)
+                out.append(table_lib.SampledItem(item, priority, times_sampled, info.probability, info.table_size,
+                                                 info.rate_limited))
         return out
 
     def close(self) -> None:
         if self._call is not None:
             self._requests.put(_CLOSE)
-            self._call.cancel()
+            try:
+                self._call.cancel()
+            except Exception:  # noqa: BLE001  (grpc may already be torn down at interpreter exit)
+                pass
             self._call = None
             self._responses = None
+
+
+class _SampledItemData:
+    """A sampled item as the client reads it: key, priority, trajectory and data (`column_arrays()`).
+
+    The read-only subset of `replay_tf.core.Item` that samplers use, built straight from the proto: a
+    sample is unpacked once, so the validation and indexes a table item keeps would only cost time.
+    """
+
+    __slots__ = ("key", "priority", "times_sampled", "chunks", "_columns", "_trajectory_proto")
+
+    def __init__(self, key: int, priority: float, times_sampled: int, trajectory_proto, chunks: dict):
+        self.key = key
+        self.priority = priority
+        self.times_sampled = times_sampled
+        self.chunks = chunks
+        self._trajectory_proto = trajectory_proto
+        columns = []
+        for column in trajectory_proto.columns:
+            slices = []
+            for s in column.chunk_slices:
+                chunk = chunks.get(s.chunk_key)
+                if chunk is None:
+                    raise errors.ReverbError(f"sampled item {key} refers to chunk {s.chunk_key}, which the "
+                                             f"server did not send with it")
+                start = s.offset
+                stop = start + s.length
+                if start < 0 or stop > chunk.num_rows or stop <= start:
+                    raise errors.ReverbError(f"sampled item {key}: slice [{start}, {stop}) is out of chunk "
+                                             f"{s.chunk_key}'s rows [0, {chunk.num_rows})")
+                slices.append((chunk.tensors[s.index], start, stop))
+            if not slices:
+                raise errors.ReverbError(f"sampled item {key} has a column without chunk slices")
+            columns.append((slices, column.squeeze))
+        self._columns = columns
+
+    @property
+    def trajectory(self) -> tuple:
+        return codec.trajectory_from_proto(self._trajectory_proto)
+
+    def column_arrays(self) -> list:
+        out = []
+        for slices, squeeze in self._columns:
+            if len(slices) == 1:
+                tensor, start, stop = slices[0]
+                out.append(tensor[start] if squeeze else tensor[start:stop])
+            else:
+                out.append(np.concatenate([t[a:b] for t, a, b in slices], axis=0))
+        return out
+
+    def __repr__(self) -> str:
+        return f"SampledItem(key={self.key}, priority={self.priority}, columns={len(self._columns)})"
 
 
 class Transport:

@@ -1,0 +1,154 @@
+"""Reverb protocol over gRPC on loopback, server and client in separate processes: `python -m benchmarks.run wire`.
+
+Workload (issue 6, the server issue's workload across processes): items of 3 overlapping steps, one item per
+step, for the seed demo's spec (action f32[2], observation uint8[10,10]) and an Atari-like one (observation
+uint8[84,84,4]), uniform table. Measured: trajectory_writer insert steps/s (until the final flush returns)
+and `TrajectoryDataset.from_table_signature(...).batch(256)` samples/s, for the four pairs
+{our server, dm-reverb server} x {our client, dm-reverb client}. The reference is dm-reverb server with
+dm-reverb client; the mixed pairs are reported beside it.
+"""
+from __future__ import annotations
+
+import os
+import select
+import socket
+import subprocess
+import sys
+import textwrap
+
+from benchmarks import _harness
+
+NUM_STEPS = int(os.environ.get("BENCH_WIRE_STEPS", "10000"))
+SPECS = {"small": ([10, 10], 60), "atari": ([84, 84, 4], 12)}  # observation shape, batches per measurement
+
+SERVER = r'''
+import sys
+import tensorflow as tf
+tables = []
+for name, shape in [("small", [10, 10]), ("atari", [84, 84, 4])]:
+    signature = {"action": tf.TensorSpec([3, 2], tf.float32), "observation": tf.TensorSpec([3, *shape], tf.uint8)}
+    tables.append(reverb.Table(f"t_{name}", reverb.selectors.Uniform(), reverb.selectors.Fifo(),
+                               int(sys.argv[2]) + 10, reverb.rate_limiters.MinSize(1), signature=signature))
+server = reverb.Server(tables, port=int(sys.argv[1]))
+print("ready", flush=True)
+sys.stdin.read()  # serve until the benchmark closes our stdin
+server.stop()
+'''
+
+CLIENT = r'''
+import time
+import numpy as np
+
+def run_case(address, spec_name, obs_shape, num_steps, num_batches):
+    client = reverb.Client(address)
+    table = f"t_{spec_name}"
+    client.reset(table)
+    rng = np.random.default_rng(0)
+    observations = rng.integers(0, 256, size=[64, *obs_shape], dtype=np.uint8)
+    actions = rng.random([64, 2], dtype=np.float32)
+    start = time.perf_counter()
+    with client.trajectory_writer(num_keep_alive_refs=3) as writer:
+        for i in range(num_steps):
+            writer.append({"action": actions[i % 64], "observation": observations[i % 64]})
+            if i >= 2:
+                writer.create_item(table, 1.0, {"action": writer.history["action"][-3:],
+                                                "observation": writer.history["observation"][-3:]})
+    insert_rate = num_steps / (time.perf_counter() - start)
+    dataset = reverb.TrajectoryDataset.from_table_signature(address, table, max_in_flight_samples_per_worker=512)
+    iterator = iter(dataset.batch(256))
+    next(iterator)
+    best = 0.0
+    for _ in range(2):
+        start = time.perf_counter()
+        for _ in range(num_batches):
+            batch = next(iterator)
+        best = max(best, 256 * num_batches / (time.perf_counter() - start))
+    assert batch.data["observation"].shape == (256, 3, *obs_shape)
+    return insert_rate, best
+
+for spec_name, (obs_shape, num_batches) in SPECS.items():
+    insert_rate, sample_rate = run_case(ADDRESS, spec_name, obs_shape, NUM_STEPS, num_batches)
+    emit(f"{spec_name}/insert", insert_rate)
+    emit(f"{spec_name}/sample", sample_rate)
+'''
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class _ServerProcess:
+    """A replay server in its own process: ours (this interpreter) or dm-reverb's (the peer venv)."""
+
+    def __init__(self, kind: str, peer):
+        self.port = _free_port()
+        args = [str(self.port), str(NUM_STEPS)]
+        kwargs = dict(stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        if kind == "ours":
+            env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+            self.process = subprocess.Popen([sys.executable, "-c", "import replay_tf as reverb\n" + SERVER, *args],
+                                            env=env, **kwargs)
+        else:
+            self.process = peer.popen("import reverb\n" + SERVER, *args, **kwargs)
+        ready, _, _ = select.select([self.process.stdout], [], [], 180)
+        if not ready or self.process.stdout.readline().strip() != "ready":
+            self.stop()
+            raise RuntimeError(f"the {kind} server did not start")
+
+    def stop(self) -> None:
+        try:
+            self.process.stdin.close()
+            self.process.wait(60)
+        except (OSError, subprocess.TimeoutExpired):
+            self.process.kill()
+            self.process.wait(10)
+        self.process.stdout.close()
+
+
+def _run_our_client(address: str) -> dict:
+    import replay_tf as reverb  # noqa: PLC0415
+
+    out: dict = {}
+    scope = {"reverb": reverb, "ADDRESS": address, "SPECS": SPECS, "NUM_STEPS": NUM_STEPS, "emit": out.__setitem__}
+    exec(textwrap.dedent(CLIENT), scope)  # noqa: S102  (our own benchmark code)
+    return out
+
+
+def _run_peer_client(peer, address: str) -> dict:
+    code = ("import reverb\nADDRESS = INPUTS['address']\nSPECS = INPUTS['specs']\nNUM_STEPS = INPUTS['num_steps']\n"
+            + CLIENT)
+    return peer.run(code, {"address": address, "specs": SPECS, "num_steps": NUM_STEPS}, timeout_s=1800)
+
+
+def main() -> None:
+    peer = _harness.peer()
+    results = {}
+    for server_kind in (["ours", "reverb"] if peer is not None else ["ours"]):
+        server = _ServerProcess(server_kind, peer)
+        try:
+            address = f"localhost:{server.port}"
+            results[(server_kind, "ours")] = _run_our_client(address)
+            if peer is not None:
+                results[(server_kind, "reverb")] = _run_peer_client(peer, address)
+        finally:
+            server.stop()
+    reference = results.get(("reverb", "reverb"), {})
+    rows = []
+    for spec_name in SPECS:
+        for metric, what, unit in [("insert", f"trajectory_writer insert, 3-step items, {NUM_STEPS} steps",
+                                    "steps/s"),
+                                   ("sample", "TrajectoryDataset(...).batch(256)", "samples/s")]:
+            key = f"{spec_name}/{metric}"
+            for (server_kind, client_kind), values in sorted(results.items()):
+                if (server_kind, client_kind) == ("reverb", "reverb"):
+                    continue
+                rows.append({"workload": f"{spec_name} {what} [{client_kind} client -> {server_kind} server]",
+                             "ours": values.get(key), "peer": reference.get(key),
+                             "peer_name": "dm-reverb client -> dm-reverb server", "unit": unit})
+    _harness.report("wire", rows)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -65,9 +65,13 @@ CASES = [
     ("across_episodes_conditions", False,
      "configs = [sw.create_config(ref['x'][-3:], 't', conditions=[C.step_index() % 2 == 1]),"
      " sw.create_config(ref['x'][-2:], 't', conditions=[C.is_end_episode()])]"),
-    ("buffer_length_user", True,
-     "configs = [sw.create_config(ref['x'][-1], 't', conditions=[C.buffer_length() >= 1])]"
-     if False else "configs = [sw.create_config(ref['x'][-2], 't', conditions=[C.step_index() >= 4])]"),
+    ("step_index_with_history", True,
+     "configs = [sw.create_config(ref['x'][-2], 't', conditions=[C.step_index() >= 4])]"),
+    # Reverb's Python API has no buffer_length builder; `BL(n)` is `buffer_length >= n` on both sides.
+    ("buffer_length_user", True, "configs = [sw.create_config(ref['x'][-1], 't', conditions=[BL(3)])]"),
+    ("buffer_length_capped", False, "configs = [sw.create_config(ref['x'][-2:], 't', conditions=[BL(3)])]"),
+    ("buffer_length_across", False,
+     "configs = [sw.create_config(ref['x'][-3:], 't', conditions=[BL(3), C.step_index() % 2 == 0])]"),
 ]
 
 _PEER_CODE = """
@@ -82,7 +86,7 @@ def episodes():
 spec = rlds.transformations.step_spec(episodes())
 ref = sw.create_reference_step(spec)
 for name, respect, snippet in INPUTS['cases']:
-    scope = dict(sw=sw, ref=ref, spec=spec, C=C)
+    scope = dict(sw=sw, ref=ref, spec=spec, C=C, BL=lambda n: sw.ConditionProto(buffer_length=True, ge=n))
     exec(snippet, scope)
     try:
         items = list(rlds.transformations.pattern_map(episodes(), scope['configs'], respect))
@@ -106,7 +110,8 @@ def _episodes(stacked: bool = False) -> tf.data.Dataset:
 
 def _configs(snippet: str):
     spec = transformations.step_spec(_episodes())
-    scope = dict(sw=patterns, ref=patterns.create_reference_step(spec), spec=spec, C=patterns.Condition)
+    scope = dict(sw=patterns, ref=patterns.create_reference_step(spec), spec=spec, C=patterns.Condition,
+                 BL=lambda n: patterns.Condition.buffer_length() >= n)
     exec(snippet, scope)
     return scope["configs"]
 

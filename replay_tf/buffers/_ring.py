@@ -58,6 +58,21 @@ def make_state(data_spec, batch_size: int, max_length: int, *, episode_aware: bo
     return RingState(storage, last_id, write_started, episode_index, episode_count)
 
 
+def after(deps, *tensors):
+    """`tensors`, made to wait for `deps` through identities (a data dependency for everything using them).
+
+    `tf.control_dependencies` alone is not enough inside a tf.function: an op whose resource input is
+    first captured inside the block counts as depending on the block and gets no control input.
+    An identity of a tensor created before the block always gets one.
+    """
+    deps = [d for d in deps if d is not None]
+    if not deps:
+        return tensors[0] if len(tensors) == 1 else tensors
+    with tf.control_dependencies(deps):
+        out = tuple(tf.identity(t) for t in tensors)
+    return out[0] if len(out) == 1 else out
+
+
 def valid_range(last_id, max_length: int, num_steps) -> tuple[tf.Tensor, tf.Tensor]:
     """`[lo, hi)` of logical start ids whose `num_steps` window lies inside the stored steps.
 
@@ -86,9 +101,9 @@ def gather(state: RingState, rows) -> list[tf.Tensor]:
 
 
 def write(state: RingState, flat_items: Sequence[tf.Tensor], batch_size: int, max_length: int,
-          episode_ends=None):
-    """Appends one step to every segment: returns (op, new_id). `flat_items` leaves are [batch_size, ...]."""
-    new_id = state.write_started.assign_add(1)
+          episode_ends=None, deps=()):
+    """Appends one step to every segment after `deps`: returns (op, new_id). Leaves are [batch_size, ...]."""
+    new_id = state.write_started.assign_add(after(deps, tf.constant(1, tf.int64)))
     slot = tf.math.floormod(new_id, max_length)
     # Rows [slot * batch_size, (slot + 1) * batch_size): one contiguous block per leaf.
     rows = slot * batch_size + tf.range(batch_size, dtype=tf.int64)
@@ -102,9 +117,8 @@ def write(state: RingState, flat_items: Sequence[tf.Tensor], batch_size: int, ma
             # to the episode, the next step written in this segment starts a new one.
             ends = tf.cast(episode_ends, tf.int32)
             writes.append(state.episode_count.assign(tf.math.floormod(counts + ends, 2 ** 30)))
-    with tf.control_dependencies(writes):
-        # Publish the step only after all its data is in place.
-        published = state.last_id.assign(new_id)
+    # Publish the step only after all its data is in place.
+    published = state.last_id.assign(after(writes, new_id))
     return published, new_id
 
 
@@ -116,14 +130,15 @@ def clear(state: RingState):
     return tf.group(*ops)
 
 
-def stale_mask(state: RingState, starts, max_length: int, after) -> tf.Tensor:
+def stale_mask(state: RingState, starts, max_length: int, gathered) -> tf.Tensor:
     """True where a window starting at `starts` may have been overwritten while it was gathered.
 
-    Read after `after` (the gathers). Steps `<= write_started - max_length` share a slot with a step
+    Read after `gathered` (the gathers). Steps `<= write_started - max_length` share a slot with a step
     whose write has begun, so their rows may already hold newer data.
     """
-    with tf.control_dependencies(after):
-        started = state.write_started.read_value()
+    handle = state.write_started.handle  # captured before the block, so the read gets the control input
+    with tf.control_dependencies(gathered):
+        started = tf.raw_ops.ReadVariableOp(resource=handle, dtype=tf.int64)
     return starts <= started - max_length
 
 

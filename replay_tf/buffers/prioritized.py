@@ -132,8 +132,7 @@ class PrioritizedReplayBuffer(tf.Module):
         value = tf.fill([batch_size], tf.pow(self._max_priority.read_value(), self._alpha))
         # Priorities first, then the data: a reader never sees a new item with its predecessor's priority.
         trees = [sum_tree.update(self._sums, rows, value, "sum"), sum_tree.update(self._mins, rows, value, "min")]
-        with tf.control_dependencies(trees):
-            return self._buffer._add_impl(*tensors)
+        return self._buffer._add_impl(*tensors, deps=trees)
 
     def clear(self):
         """Forgets all items and priorities (max priority back to 1.0)."""
@@ -187,18 +186,18 @@ class PrioritizedReplayBuffer(tf.Module):
             tf.reduce_all((ids >= 0) & (steps <= last_id)),
             ["update_priorities: unknown ids: every id must come from BufferInfo.ids of this buffer "
              "(0 <= id < (newest step + 1) * batch_size). ids:", ids, "newest step:", last_id], summarize=16))
-        with tf.control_dependencies(checks):
-            rows = tf.math.floormod(ids, capacity)
-            oldest = tf.maximum(last_id + 1 - self._buffer.max_length, 0)
-            # An overwritten item's row now holds a newer item: write that item's current value back.
-            overwritten = steps < oldest
-            values = tf.where(overwritten, sum_tree.read_leaves(self._sums, rows),
-                              tf.pow(priorities, self._alpha))
-            new_max = tf.maximum(self._max_priority.read_value(),
-                                 tf.reduce_max(tf.where(overwritten, 0.0, priorities)))
-            return tf.group(sum_tree.update(self._sums, rows, values, "sum"),
-                            sum_tree.update(self._mins, rows, values, "min"),
-                            self._max_priority.assign(new_max))
+        ids, priorities = _ring.after(checks, ids, priorities)
+        rows = tf.math.floormod(ids, capacity)
+        oldest = tf.maximum(last_id + 1 - self._buffer.max_length, 0)
+        # An overwritten item's row now holds a newer item: write that item's current value back.
+        overwritten = steps < oldest
+        values = tf.where(overwritten, sum_tree.read_leaves(self._sums, rows),
+                          tf.pow(priorities, self._alpha))
+        new_max = tf.maximum(self._max_priority.read_value(),
+                             tf.reduce_max(tf.where(overwritten, 0.0, priorities)))
+        return tf.group(sum_tree.update(self._sums, rows, values, "sum"),
+                        sum_tree.update(self._mins, rows, values, "min"),
+                        self._max_priority.assign(new_max))
 
     # ----- sampling -----
     def get_next(self, sample_batch_size: int | None = None, num_steps: int | None = None,
@@ -263,18 +262,18 @@ class PrioritizedReplayBuffer(tf.Module):
             return (tf.logical_and(mask, bad), _ring.redraw(mask, new_starts, starts),
                     _ring.redraw(mask, new_segments, segments))
 
-        with tf.control_dependencies([check]):
-            zeros = tf.zeros([n], tf.int64)
-            bad, starts, segments = draw(tf.ones([n], tf.bool), zeros, zeros)
+        valid, before, head = _ring.after([check], valid, before, head)
+        zeros = tf.zeros([n], tf.int64)
+        bad, starts, segments = draw(tf.ones([n], tf.bool), zeros, zeros)
         rounds, bad, starts, segments = tf.while_loop(
             lambda r, bad, s, g: tf.reduce_any(bad) & (r < _MAX_REJECTION_ROUNDS),
             lambda r, bad, s, g: (r + 1,) + draw(bad, s, g),
             (tf.constant(0), bad, starts, segments))
         check = tf.debugging.assert_equal(tf.reduce_any(bad), False, message=(
             f"PrioritizedReplayBuffer: no valid window found in {_MAX_REJECTION_ROUNDS} rounds"))
-        with tf.control_dependencies([check]):
-            rows = _ring.rows_for(starts, segments, None, max_length, batch_size)
-            probabilities = sum_tree.read_leaves(self._sums, rows) / normalizer
+        starts, segments = _ring.after([check], starts, segments)
+        rows = _ring.rows_for(starts, segments, None, max_length, batch_size)
+        probabilities = sum_tree.read_leaves(self._sums, rows) / normalizer
         return starts, segments, probabilities
 
     def _get_next_impl(self, sample_batch_size, num_steps, time_stacked):

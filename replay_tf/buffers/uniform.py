@@ -173,17 +173,18 @@ class UniformReplayBuffer(tf.Module):
             extra = (tf.cast(ends, tf.bool),)
         return tuple(flat) + extra
 
-    def _add_impl(self, *tensors):
+    def _add_impl(self, *tensors, deps=()):
         flat = list(tensors[:len(self._state.storage)])
         ends = tensors[-1] if self._episode_end_fn is not None else None
-        # A dynamic outer dimension (unknown while tracing) is checked when the graph runs.
+        # Dimensions unknown while tracing are checked when the graph runs (EnsureShape feeds the write,
+        # so a wrong batch fails before anything is written).
         checks = []
-        if flat and flat[0].shape[:1].is_fully_defined() is False:
-            checks.append(tf.debugging.assert_equal(
-                tf.shape(flat[0], out_type=tf.int64)[0], tf.constant(self._batch_size, tf.int64),
-                message=f"add_batch: the outer dimension of items must be batch_size ({self._batch_size})"))
-        with tf.control_dependencies(checks):
-            published, _ = _ring.write(self._state, flat, self._batch_size, self._max_length, ends)
+        for i, (value, leaf) in enumerate(zip(flat, tf.nest.flatten(self._data_spec))):
+            expected = tf.TensorShape([self._batch_size]).concatenate(leaf.shape)
+            if not value.shape.is_fully_defined():
+                flat[i] = tf.ensure_shape(value, expected)
+        published, _ = _ring.write(self._state, flat, self._batch_size, self._max_length, ends,
+                                   deps=list(deps) + checks)
         return tf.group(published)
 
     def clear(self):
@@ -257,8 +258,8 @@ class UniformReplayBuffer(tf.Module):
         def attempt(mask, starts, segments, probs):
             last_id = self._state.last_id.read_value()
             lo, hi = _ring.valid_range(last_id, self._max_length, num_steps)
-            with tf.control_dependencies([assert_fn(lo, hi)]):
-                new_starts, new_segments, new_probs = draw_fn(lo, hi)
+            lo, hi = _ring.after([assert_fn(lo, hi)], lo, hi)
+            new_starts, new_segments, new_probs = draw_fn(lo, hi)
             starts = _ring.redraw(mask, new_starts, starts)
             segments = _ring.redraw(mask, new_segments, segments)
             probs = _ring.redraw(mask, new_probs, probs)
@@ -369,8 +370,7 @@ class UniformReplayBuffer(tf.Module):
             lo, hi = _ring.valid_range(state.last_id.read_value(), max_length, None)
             check = tf.debugging.assert_less(lo, hi, message=f"{type(self).__name__} is empty: add items "
                                                              f"with add_batch before asking it for data.")
-            with tf.control_dependencies([check]):
-                frames = tf.range(lo, hi)
+            frames = tf.range(*_ring.after([check], lo, hi))
 
             def physical(ids):
                 # ids = segment * max_length + logical id, with lo <= logical id < lo + max_length.

@@ -1,5 +1,7 @@
 """UniformReplayBuffer: differential tests against tf-agents 0.19, the seed notebook, graph/XLA, bad input."""
+import collections
 import concurrent.futures
+import threading
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -134,3 +136,304 @@ def test_same_outputs_as_tf_agents(both_outputs):
             assert any(m != t for m, t in zip(mine, theirs)), f"{name}: TF-Agents' wrap bug did not show"
             continue
         assert mine == theirs, f"{name}: ours {mine} != tf-agents {theirs}"
+
+
+# ----- the seed notebook (004), with only the import changed -----
+SEED_004 = '''
+import tensorflow as tf
+import numpy as np
+
+from replay_tf import buffers as tf_uniform_replay_buffer   # was: from tf_agents.replay_buffers import ...
+
+data_spec =  (
+        tf.TensorSpec([3], tf.float32, 'action'),
+        (
+            tf.TensorSpec([5], tf.float32, 'lidar'),
+            tf.TensorSpec([3, 2], tf.float32, 'camera')
+        )
+)
+
+batch_size = 32
+max_length = 1000
+
+replay_buffer = tf_uniform_replay_buffer.TFUniformReplayBuffer(
+    data_spec,
+    batch_size=batch_size,
+    max_length=max_length)
+
+action = tf.constant(1 * np.ones(
+    data_spec[0].shape.as_list(), dtype=np.float32))
+lidar = tf.constant(
+    2 * np.ones(data_spec[1][0].shape.as_list(), dtype=np.float32))
+camera = tf.constant(
+    3 * np.ones(data_spec[1][1].shape.as_list(), dtype=np.float32))
+
+values = (action, (lidar, camera))
+values_batched = tf.nest.map_structure(lambda t: tf.stack([t] * batch_size),
+                                       values)
+
+replay_buffer.add_batch(values_batched)
+
+for _ in range(5):
+  replay_buffer.add_batch(values_batched)
+sample = replay_buffer.get_next(sample_batch_size=10, num_steps=1)
+
+print(len(sample))
+
+# Convert the replay buffer to a tf.data.Dataset and iterate through it
+dataset = replay_buffer.as_dataset(
+    sample_batch_size=4,
+    num_steps=2)
+
+iterator = iter(dataset)
+print("Iterator trajectories:")
+trajectories = []
+for _ in range(3):
+  t, _ = next(iterator)
+  trajectories.append(t)
+
+print(tf.nest.map_structure(lambda t: t.shape, trajectories))
+
+# Read all elements in the replay buffer:
+trajectories = replay_buffer.gather_all()
+
+print("Trajectories from gather all:")
+print(tf.nest.map_structure(lambda t: t.shape, trajectories))
+'''
+
+
+def test_seed_notebook_004_runs_with_only_the_import_changed(capsys):
+    exec(compile(SEED_004, "seed_004", "exec"), {})
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "2"
+    assert lines[2] == ("[(TensorShape([4, 2, 3]), (TensorShape([4, 2, 5]), TensorShape([4, 2, 3, 2]))), "
+                        "(TensorShape([4, 2, 3]), (TensorShape([4, 2, 5]), TensorShape([4, 2, 3, 2]))), "
+                        "(TensorShape([4, 2, 3]), (TensorShape([4, 2, 5]), TensorShape([4, 2, 3, 2])))]")
+    assert lines[4] == "(TensorShape([32, 6, 3]), (TensorShape([32, 6, 5]), TensorShape([32, 6, 3, 2])))"
+
+
+# ----- graph mode, XLA, training loop -----
+SPEC = {"step": tf.TensorSpec([], tf.int64), "obs": tf.TensorSpec([2], tf.float32)}
+
+
+def _items(step, batch_size):
+    step = tf.cast(step, tf.int64)
+    segment = tf.range(batch_size, dtype=tf.int64)
+    value = step * 100 + segment
+    return {"step": value, "obs": tf.stack([tf.cast(value, tf.float32), -tf.cast(value, tf.float32)], 1)}
+
+
+def _assert_consistent_windows(data, ids, batch_size):
+    """Every window: consecutive steps of one segment; ids are the steps; obs matches."""
+    value = np.asarray(data["step"]).reshape(len(np.asarray(data["step"])), -1)
+    steps, segments = value // 100, value % 100
+    assert (segments == segments[:, :1]).all() and (segments < batch_size).all()
+    assert (np.diff(steps, axis=1) == 1).all()
+    np.testing.assert_array_equal(steps, np.asarray(ids).reshape(steps.shape))
+    np.testing.assert_array_equal(np.asarray(data["obs"])[..., 0].reshape(value.shape), value)
+
+
+def test_tf_agents_style_training_loop_inside_tf_function():
+    rb = replay_tf.TFUniformReplayBuffer(SPEC, batch_size=4, max_length=20)
+    counter = tf.Variable(-1, dtype=tf.int64)  # assign_add(1) yields the logical step id
+
+    @tf.function
+    def collect(num_steps):
+        for _ in tf.range(num_steps):
+            rb.add_batch(_items(counter.assign_add(1), 4))
+
+    collect(tf.constant(5))
+    iterator = iter(rb.as_dataset(sample_batch_size=8, num_steps=2, num_parallel_calls=2).prefetch(2))
+    weights = tf.Variable(0.0)
+
+    @tf.function
+    def train_step():
+        experience, info = next(iterator)
+        loss = tf.reduce_mean(experience["obs"] ** 2) * 1e-9 + weights
+        weights.assign_add(1.0)
+        return experience, info, loss
+
+    for _ in range(10):
+        collect(tf.constant(3))
+        experience, info, _ = train_step()
+        _assert_consistent_windows(experience, info.ids, 4)
+    assert int(rb.num_frames()) == 4 * 20  # 35 steps into a ring of 20 per segment
+
+
+@pytest.mark.parametrize("num_steps, time_stacked, sample_batch_size", [
+    (None, True, 6), (2, True, 6), (3, False, 6), (2, True, None)])
+def test_add_and_sample_compile_with_xla(num_steps, time_stacked, sample_batch_size):
+    rb = replay_tf.UniformReplayBuffer(SPEC, batch_size=3, max_length=5, episode_end_fn=None)
+    counter = tf.Variable(-1, dtype=tf.int64)  # assign_add(1) yields the logical step id
+
+    @tf.function(jit_compile=True)
+    def step():
+        rb.add_batch(_items(counter.assign_add(1), 3))
+        data, info = rb.get_next(sample_batch_size, num_steps, time_stacked)
+        return data, info, rb.num_frames()
+
+    for _ in range(7):
+        data, info, frames = step()
+    everything = rb.gather_all()  # dynamic shape [batch_size, stored steps]: not an XLA program
+    if num_steps is not None and not time_stacked:
+        data = tf.nest.map_structure(lambda *ts: tf.stack(ts, 1), *data)
+        ids = tf.stack(info.ids, 1)
+    else:
+        ids = info.ids
+    if sample_batch_size is None:
+        data, ids = tf.nest.map_structure(lambda t: t[None], (data, ids))
+    if num_steps is None:
+        data, ids = tf.nest.map_structure(lambda t: t[:, None], (data, ids))
+    _assert_consistent_windows(data, ids, 3)
+    np.testing.assert_array_equal(everything["step"].numpy(),
+                                  np.arange(2, 7)[None, :] * 100 + np.arange(3)[:, None])
+    assert int(frames) == 15
+
+
+def test_clear_and_checkpoint_round_trip(tmp_path):
+    rb = replay_tf.UniformReplayBuffer(SPEC, batch_size=2, max_length=3)
+    for step in range(5):
+        rb.add_batch(_items(step, 2))
+    path = tf.train.Checkpoint(rb=rb).save(str(tmp_path / "ckpt"))
+    restored = replay_tf.UniformReplayBuffer(SPEC, batch_size=2, max_length=3)
+    tf.train.Checkpoint(rb=restored).restore(path).assert_consumed()
+    for buffer in (rb, restored):
+        buffer.add_batch(_items(5, 2))
+    np.testing.assert_array_equal(restored.gather_all()["step"].numpy(), rb.gather_all()["step"].numpy())
+    np.testing.assert_array_equal(restored.gather_all()["step"].numpy(), [[300, 400, 500], [301, 401, 501]])
+    restored.clear()
+    assert int(restored.num_frames()) == 0
+    assert restored.gather_all()["step"].shape == (2, 0)
+    restored.add_batch(_items(9, 2))
+    np.testing.assert_array_equal(restored.gather_all()["step"].numpy(), [[900], [901]])
+
+
+# ----- bad input -----
+def _good(batch_size=2):
+    return {"step": np.zeros([batch_size], np.int64), "obs": np.zeros([batch_size, 2], np.float32)}
+
+
+@pytest.mark.parametrize("items, error, pattern", [
+    (_good(3), ValueError, r"items\['obs'\]: expected shape \[2, 2\] .*got \[3, 2\] \(outer dimension 0 is 3, "
+                           r"expected 2\)"),
+    ({"step": np.zeros([2], np.int64), "obs": np.zeros([2, 3], np.float32)}, ValueError,
+     r"items\['obs'\]: expected shape \[2, 2\] \(outer dims \[2\] \+ spec shape \[2\]\), got \[2, 3\]"),
+    ({"step": np.zeros([2], np.int32), "obs": np.zeros([2, 2], np.float32)}, TypeError,
+     r"items\['step'\]: expected dtype int64, got int32"),
+    ({"step": np.zeros([2], np.int64)}, TypeError, r"items: expected keys \['obs', 'step'\].*missing \['obs'\]"),
+    ((np.zeros([2], np.int64), np.zeros([2, 2], np.float32)), TypeError,
+     r"structure mismatch at items: expected a mapping"),
+])
+def test_add_batch_bad_input(items, error, pattern):
+    rb = replay_tf.UniformReplayBuffer(SPEC, batch_size=2, max_length=4)
+    with pytest.raises(error, match=pattern):
+        rb.add_batch(items)
+    with pytest.raises(error, match=pattern):  # the same error at trace time inside tf.function
+        tf.function(lambda: rb.add_batch(tf.nest.map_structure(tf.constant, items)))()
+    assert int(rb.num_frames()) == 0
+
+
+def test_dynamic_outer_dimension_is_checked_when_run():
+    rb = replay_tf.UniformReplayBuffer(SPEC, batch_size=2, max_length=4)
+
+    @tf.function(input_signature=[{"step": tf.TensorSpec([None], tf.int64),
+                                   "obs": tf.TensorSpec([None, 2], tf.float32)}])
+    def add(items):
+        rb.add_batch(items)
+
+    add(_good(2))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"\[3,2\] is not compatible with expected shape \[2,2\]"):
+        add(_good(3))
+    assert int(rb.num_frames()) == 2
+    add(_good(2))  # nothing was half-written: the next add lands on the next step
+    assert rb.gather_all()["step"].shape == (2, 2)
+
+
+def test_sampling_errors():
+    rb = replay_tf.UniformReplayBuffer(SPEC, batch_size=2, max_length=4)
+    with pytest.raises(ValueError, match=r"num_steps \(5\) must be <= max_length \(4\)"):
+        rb.get_next(sample_batch_size=2, num_steps=5)
+    with pytest.raises(ValueError, match=r"num_steps \(5\) must be <= max_length \(4\)"):
+        rb.as_dataset(num_steps=5)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="no valid window to sample: it is empty"):
+        rb.get_next(sample_batch_size=2)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="is empty"):
+        next(iter(rb.as_dataset(single_deterministic_pass=True)))
+    rb.add_batch(_items(0, 2))
+    rb.add_batch(_items(1, 2))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"fewer than num_steps \(3\) steps per segment"):
+        rb.get_next(sample_batch_size=2, num_steps=3)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"fewer than num_steps \(3\)"):
+        next(iter(rb.as_dataset(sample_batch_size=2, num_steps=3)))
+    rb.get_next(sample_batch_size=2, num_steps=2)  # enough now
+    with pytest.raises(ValueError, match="must be >= 1"):
+        rb.get_next(sample_batch_size=0)
+    lists = replay_tf.UniformReplayBuffer([tf.TensorSpec([], tf.float32)], batch_size=1, max_length=2)
+    with pytest.raises(ValueError, match="data_spec contains Python lists"):
+        lists.as_dataset()
+
+
+# ----- concurrency: readers while a writer adds -----
+def test_concurrent_readers_never_see_torn_windows():
+    batch_size, max_length = 2, 4      # a tiny ring: the writer laps readers constantly
+    rb = replay_tf.UniformReplayBuffer(SPEC, batch_size=batch_size, max_length=max_length)
+    for step in range(max_length):
+        rb.add_batch(_items(step, batch_size))
+    stop = threading.Event()
+    counter = tf.Variable(max_length - 1, dtype=tf.int64)
+
+    @tf.function
+    def add_some():
+        for _ in tf.range(20):
+            rb.add_batch(_items(counter.assign_add(1), batch_size))
+
+    def writer():
+        while not stop.is_set():
+            add_some()
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        ds = rb.as_dataset(sample_batch_size=16, num_steps=3, num_parallel_calls=2)
+        for data, info in ds.take(150):
+            _assert_consistent_windows(data, info.ids, batch_size)
+    finally:
+        stop.set()
+        thread.join()
+    assert int(counter.numpy()) > 2 * max_length
+
+
+# ----- episode-aware windows -----
+def test_episode_aware_windows_never_cross_episodes():
+    spec = {"step": tf.TensorSpec([], tf.int64), "is_last": tf.TensorSpec([], tf.bool)}
+    rb = replay_tf.UniformReplayBuffer(spec, batch_size=2, max_length=6,
+                                       episode_end_fn=uniform.end_of_episode_from_is_last)
+    # Segment 0: episodes of length 2 (steps 0-1, 2-3, 4-5, 6-7); segment 1: one long episode.
+    for step in range(8):
+        rb.add_batch({"step": tf.constant([step * 100, step * 100 + 1], tf.int64),
+                      "is_last": tf.constant([step % 2 == 1, False])})
+    data, info = rb.get_next(sample_batch_size=4000, num_steps=2)
+    windows = {tuple(w) for w in data["step"].numpy().tolist()}
+    # Stored steps 2..7. Segment 0 windows within an episode: (2,3), (4,5), (6,7); segment 1: 5 windows.
+    expected = {(200, 300), (400, 500), (600, 700)} | {(s * 100 + 1, s * 100 + 101) for s in range(2, 7)}
+    assert windows == expected
+    np.testing.assert_allclose(info.probabilities.numpy(), 1 / 8)
+    data, info = rb.get_next(sample_batch_size=500, num_steps=3)
+    assert {tuple(w) for w in data["step"].numpy().tolist()} == {
+        (s * 100 + 1, s * 100 + 101, s * 100 + 201) for s in range(2, 6)}
+    np.testing.assert_allclose(info.probabilities.numpy(), 1 / 4)
+    # Prioritized, same episodes: crossing windows never drawn.
+    prb = replay_tf.PrioritizedReplayBuffer(spec, batch_size=2, max_length=6, alpha=1.0,
+                                            episode_end_fn=uniform.end_of_episode_from_is_last)
+    for step in range(8):
+        prb.add_batch({"step": tf.constant([step * 100, step * 100 + 1], tf.int64),
+                       "is_last": tf.constant([step % 2 == 1, False])})
+    data, info = prb.get_next(sample_batch_size=2000, num_steps=2)
+    assert {tuple(w) for w in data["step"].numpy().tolist()} == expected
+    np.testing.assert_allclose(info.probabilities.numpy(), 1 / 8, rtol=1e-5)
+
+
+def test_end_of_episode_from_step_type_on_trajectory_like_items():
+    Trajectory = collections.namedtuple("Trajectory", ["step_type", "observation", "next_step_type"])
+    items = Trajectory(tf.constant([1, 2, 0]), tf.zeros([3]), tf.constant([2, 0, 1]))
+    np.testing.assert_array_equal(uniform.end_of_episode_from_step_type(items).numpy(), [True, False, False])

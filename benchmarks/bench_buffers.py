@@ -1,0 +1,253 @@
+"""In-graph replay buffers side by side: replay_tf vs tf-agents 0.19 (peer venv) vs flashbax (JAX venv).
+
+Run: `python -m benchmarks.run buffers`. The flashbax venv comes from `bash .ci/make_jax_venv.sh` (found
+at RL_DATA_JAX_PYTHON or ~/.cache/rl-data-jax/bin/python). Workloads (issue 4): the seed's small spec
+(action [3], lidar [5], camera [3,2] float32) and an Atari-like spec (uint8 [84,84,4], int32 action,
+float32 reward); batch_size 32, max_length 1000, sample batch 256, num_steps 2, alpha 0.6. Every call is
+made from Python, one call per add / sample, as a training loop does.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import resource
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+
+from benchmarks import _harness
+
+BATCH, LENGTH, SAMPLE, STEPS = 32, 1000, 256, 2
+SMALL_BYTES = (3 + 5 + 6) * 4
+ATARI_BYTES = 84 * 84 * 4 + 4 + 4
+
+_COMMON = f'''
+import time
+BATCH, LENGTH, SAMPLE, STEPS = {BATCH}, {LENGTH}, {SAMPLE}, {STEPS}
+def best_rate(fn, repeats=3, min_seconds=0.5):
+    best = 0.0
+    for _ in range(repeats):
+        count, start = 0, time.perf_counter()
+        while True:
+            count += fn()
+            elapsed = time.perf_counter() - start
+            if elapsed >= min_seconds:
+                break
+        best = max(best, count / elapsed)
+    return best
+'''
+
+_TF_SPECS = '''
+import numpy as np
+import tensorflow as tf
+SMALL = (tf.TensorSpec([3], tf.float32, "action"),
+         (tf.TensorSpec([5], tf.float32, "lidar"), tf.TensorSpec([3, 2], tf.float32, "camera")))
+ATARI = (tf.TensorSpec([84, 84, 4], tf.uint8, "obs"), tf.TensorSpec([], tf.int32, "action"),
+         tf.TensorSpec([], tf.float32, "reward"))
+def batch_of(spec):
+    return tf.nest.map_structure(lambda s: tf.ones([BATCH] + s.shape.as_list(), s.dtype), spec)
+def fill(rb, spec, steps=LENGTH):
+    items = batch_of(spec)
+    for _ in range(steps):
+        rb.add_batch(items)
+    return items
+'''
+
+# The same workload code runs for tf-agents (peer) and replay_tf (here): `RB` differs.
+_TF_WORKLOADS = '''
+def run_workloads(RB, results, prioritized=None):
+    rb = RB(SMALL, batch_size=BATCH, max_length=LENGTH)
+    items = fill(rb, SMALL, 50)
+    results["add_small"] = best_rate(lambda: (rb.add_batch(items), BATCH)[1])
+    fill(rb, SMALL)
+    ds = iter(rb.as_dataset(sample_batch_size=SAMPLE).prefetch(4))
+    results["as_dataset_256_small"] = best_rate(lambda: (next(ds), SAMPLE)[1])
+    ds = iter(rb.as_dataset().batch(SAMPLE).prefetch(4))
+    results["as_dataset_unbatched_small"] = best_rate(lambda: (next(ds), SAMPLE)[1], repeats=2)
+    results["get_next_small"] = best_rate(lambda: (rb.get_next(SAMPLE, STEPS), SAMPLE)[1])
+    del rb, ds
+    rb = RB(ATARI, batch_size=BATCH, max_length=LENGTH)
+    items = fill(rb, ATARI)
+    results["add_atari"] = best_rate(lambda: (rb.add_batch(items), BATCH)[1])
+    results["get_next_atari"] = best_rate(lambda: (rb.get_next(SAMPLE, STEPS)[0][0].shape, SAMPLE)[1])
+    del rb
+    if prioritized is not None:
+        rb = prioritized(ATARI, batch_size=BATCH, max_length=LENGTH, alpha=0.6)
+        items = fill(rb, ATARI)
+        results["add_atari_prioritized"] = best_rate(lambda: (rb.add_batch(items), BATCH)[1])
+        results["get_next_atari_prioritized"] = best_rate(
+            lambda: (rb.get_next(SAMPLE, STEPS)[0][0].shape, SAMPLE)[1])
+        _, info = rb.get_next(SAMPLE, STEPS)
+        priorities = tf.random.uniform([SAMPLE], 0.1, 2.0)
+        results["update_priorities"] = best_rate(lambda: (rb.update_priorities(info.ids, priorities), SAMPLE)[1])
+        del rb
+'''
+
+_PEER_CODE = _COMMON + _TF_SPECS + _TF_WORKLOADS + '''
+from tf_agents.replay_buffers.tf_uniform_replay_buffer import TFUniformReplayBuffer
+tf.get_logger().setLevel("ERROR")
+results = {}
+run_workloads(TFUniformReplayBuffer, results)
+for k, v in results.items():
+    emit(k, v)
+'''
+
+_FLASHBAX_CODE = _COMMON + '''
+import json, jax, jax.numpy as jnp, flashbax as fbx
+results = {}
+def items(spec):
+    return {k: jnp.ones((BATCH, 1) + shape, dtype) for k, (shape, dtype) in spec.items()}
+SMALL = {"action": ((3,), jnp.float32), "lidar": ((5,), jnp.float32), "camera": ((3, 2), jnp.float32)}
+ATARI = {"obs": ((84, 84, 4), jnp.uint8), "action": ((), jnp.int32), "reward": ((), jnp.float32)}
+def run(name, spec, make):
+    buf = make(add_batch_size=BATCH, sample_batch_size=SAMPLE, sample_sequence_length=STEPS, period=1,
+               min_length_time_axis=STEPS, max_length_time_axis=LENGTH)
+    batch = items(spec)
+    state = buf.init(jax.tree_util.tree_map(lambda x: x[0, 0], batch))
+    add = jax.jit(buf.add, donate_argnums=0)
+    sample = jax.jit(buf.sample)
+    for _ in range(LENGTH):
+        state = add(state, batch)
+    jax.block_until_ready(state)
+    box = [state]
+    def do_add():
+        box[0] = add(box[0], batch)
+        jax.block_until_ready(box[0].current_index)
+        return BATCH
+    results["add_" + name] = best_rate(do_add)
+    key = [jax.random.PRNGKey(0)]
+    def do_sample():
+        key[0], k = jax.random.split(key[0])
+        jax.block_until_ready(sample(box[0], k).experience)
+        return SAMPLE
+    results["get_next_" + name] = best_rate(do_sample)
+    return buf, box
+run("small", SMALL, fbx.make_trajectory_buffer)
+run("atari", ATARI, fbx.make_trajectory_buffer)
+buf, box = run("atari_prioritized", ATARI,
+               lambda **kw: fbx.make_prioritised_trajectory_buffer(priority_exponent=0.6, device="cpu", **kw))
+s = jax.jit(buf.sample)(box[0], jax.random.PRNGKey(1))
+set_p = jax.jit(buf.set_priorities, donate_argnums=0)
+priorities = jnp.linspace(0.1, 2.0, SAMPLE)
+def do_update():
+    box[0] = set_p(box[0], s.indices, priorities)
+    jax.block_until_ready(box[0].sum_tree_state)
+    return SAMPLE
+results["update_priorities"] = best_rate(do_update)
+print("RESULTS" + json.dumps(results))
+'''
+
+
+def _flashbax() -> dict | None:
+    python = os.environ.get("RL_DATA_JAX_PYTHON", str(pathlib.Path.home() / ".cache/rl-data-jax/bin/python"))
+    if not os.path.exists(python):
+        print(f"[bench] no JAX venv at {python}: run `bash .ci/make_jax_venv.sh`", file=sys.stderr)
+        return None
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env.pop("PYTHONPATH", None)
+    proc = subprocess.run([python, "-c", textwrap.dedent(_FLASHBAX_CODE)], capture_output=True, text=True,
+                          env=env, timeout=1200)
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULTS"):
+            return json.loads(line[len("RESULTS"):])
+    print(f"[bench] flashbax run failed:\n{proc.stderr[-3000:]}", file=sys.stderr)
+    return None
+
+
+def _tf_agents() -> dict | None:
+    peer = _harness.peer()
+    if peer is None:
+        return None
+    try:
+        return peer.run(_PEER_CODE, timeout_s=1200)
+    except Exception as e:  # a benchmark reports what it could measure
+        print(f"[bench] tf-agents run failed: {e}", file=sys.stderr)
+        return None
+
+
+def _copy_bandwidth() -> float:
+    """Bytes/s of a large memcpy (numpy), the ceiling for sampling."""
+    src = np.ones(256 * 1024 * 1024, np.uint8)
+    dst = np.empty_like(src)
+    best = 0.0
+    for _ in range(3):
+        start = time.perf_counter()
+        np.copyto(dst, src)
+        best = max(best, src.nbytes / (time.perf_counter() - start))
+    return best
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+def _ours() -> tuple[dict, dict]:
+    import tensorflow as tf
+
+    import replay_tf
+    from replay_tf import specs
+
+    namespace: dict = {}
+    exec(_COMMON + _TF_SPECS + _TF_WORKLOADS, namespace)
+    results: dict = {}
+    namespace["run_workloads"](replay_tf.UniformReplayBuffer, results, replay_tf.PrioritizedReplayBuffer)
+    # Memory: RSS growth of building and filling an Atari buffer vs capacity x bytes per item.
+    before = _rss_bytes()
+    rb = replay_tf.UniformReplayBuffer(namespace["ATARI"], batch_size=BATCH, max_length=LENGTH)
+    namespace["fill"](rb, namespace["ATARI"])
+    grown = _rss_bytes() - before
+    payload = BATCH * LENGTH * specs.nbytes(namespace["ATARI"])
+    variables = sum(int(np.prod(v.shape)) * v.dtype.size for v in rb.variables)
+    memory = {"payload_bytes": payload, "variable_bytes": variables, "rss_growth_bytes": grown}
+    del rb, tf
+    return results, memory
+
+
+def main() -> None:
+    ours, memory = _ours()
+    peer = _tf_agents() or {}
+    fbx = _flashbax() or {}
+    bandwidth = _copy_bandwidth()
+    rows = []
+
+    def row(workload, key, unit, against, name):
+        rows.append({"workload": workload, "ours": ours.get(key), "peer": against.get(key), "peer_name": name,
+                     "unit": unit})
+
+    row("add_batch small spec", "add_small", "frames/s", fbx, "flashbax")
+    row("add_batch small spec", "add_small", "frames/s", peer, "tf-agents")
+    row("add_batch Atari", "add_atari", "frames/s", fbx, "flashbax")
+    row("add_batch Atari", "add_atari", "frames/s", peer, "tf-agents")
+    row("get_next(256, num_steps=2) small spec", "get_next_small", "samples/s", fbx, "flashbax")
+    row("get_next(256, num_steps=2) small spec", "get_next_small", "samples/s", peer, "tf-agents")
+    row("get_next(256, num_steps=2) Atari", "get_next_atari", "samples/s", fbx, "flashbax")
+    row("get_next(256, num_steps=2) Atari", "get_next_atari", "samples/s", peer, "tf-agents")
+    row("prioritized(0.6) get_next(256, 2) Atari", "get_next_atari_prioritized", "samples/s", fbx,
+        "flashbax")
+    row("prioritized add_batch Atari (vs flashbax PER add)", "add_atari_prioritized", "frames/s",
+        {"add_atari_prioritized": fbx.get("add_atari_prioritized")}, "flashbax")
+    row("update_priorities, 256 ids per call", "update_priorities", "updates/s", fbx, "flashbax")
+    row("as_dataset(sample_batch_size=256) small spec", "as_dataset_256_small", "samples/s", peer,
+        "tf-agents")
+    row("as_dataset().batch(256) small spec", "as_dataset_unbatched_small", "samples/s", peer, "tf-agents")
+    two_frames = STEPS * ATARI_BYTES
+    rows.append({"workload": "get_next Atari sampled bytes (GB/s)",
+                 "ours": ours.get("get_next_atari", 0) * two_frames / 1e9,
+                 "peer": bandwidth / 1e9, "peer_name": "numpy memcpy", "unit": "GB/s"})
+    rows.append({"workload": "Atari buffer memory overhead vs capacity*item (%)",
+                 "ours": 100.0 * (memory["rss_growth_bytes"] / memory["payload_bytes"] - 1),
+                 "peer": None, "peer_name": "", "unit": "%"})
+    _harness.report("buffers", rows)
+    print(f"memory: payload {memory['payload_bytes'] / 2**20:.1f} MiB, variables "
+          f"{memory['variable_bytes'] / 2**20:.1f} MiB "
+          f"({100.0 * (memory['variable_bytes'] / memory['payload_bytes'] - 1):.4f}% over), RSS growth "
+          f"{memory['rss_growth_bytes'] / 2**20:.1f} MiB")
+
+
+if __name__ == "__main__":
+    main()

@@ -183,6 +183,7 @@ class UniformReplayBuffer(tf.Module):
             expected = tf.TensorShape([self._batch_size]).concatenate(leaf.shape)
             if not value.shape.is_fully_defined():
                 flat[i] = tf.ensure_shape(value, expected)
+                checks.append(flat[i])  # the step id is claimed only after the shape check passed
         published, _ = _ring.write(self._state, flat, self._batch_size, self._max_length, ends,
                                    deps=list(deps) + checks)
         return tf.group(published)

@@ -137,14 +137,14 @@ def main() -> None:
     reference = results.get(("reverb", "reverb"), {})
     rows = []
     for spec_name in SPECS:
-        for metric, what, unit in [("insert", f"trajectory_writer insert, 3-step items, {NUM_STEPS} steps",
-                                    "steps/s"),
-                                   ("sample", "TrajectoryDataset(...).batch(256)", "samples/s")]:
+        for metric, what, unit in [("insert", f"writer insert ({NUM_STEPS} steps, 3-step items)", "steps/s"),
+                                   ("sample", "TrajectoryDataset.batch(256)", "samples/s")]:
             key = f"{spec_name}/{metric}"
             for (server_kind, client_kind), values in sorted(results.items()):
                 if (server_kind, client_kind) == ("reverb", "reverb"):
                     continue
-                rows.append({"workload": f"{spec_name} {what} [{client_kind} client -> {server_kind} server]",
+                pair = f"{client_kind[:6]}->{server_kind[:6]}"
+                rows.append({"workload": f"{pair} {spec_name} {what}",
                              "ours": values.get(key), "peer": reference.get(key),
                              "peer_name": "dm-reverb client -> dm-reverb server", "unit": unit})
     _harness.report("wire", rows)

@@ -233,12 +233,10 @@ class _SampleStream:
             timeout = 1  # Reverb servers read 0 as "wait forever"; the caller asked not to wait
         self._timeout_ms = timeout
         self._requests: Optional[queue.Queue] = None
+        self._results: Optional[queue.Queue] = None
         self._call = None
-        self._responses = None
         self._outstanding = 0        # samples asked for and not yet received
         self._stream_samples = 0     # samples received on the current call
-        self._partial: Optional[tuple] = None   # (info, {chunk key: Chunk}) of a sample split over responses
-        self._chunks: "collections.OrderedDict" = collections.OrderedDict()
 
     def _request(self, count: int) -> bytes:
         request = reverb_service_pb2.SampleStreamRequest(table=self._table, num_samples=count)
@@ -247,7 +245,8 @@ class _SampleStream:
 
     def _open(self) -> None:
         self._requests = queue.Queue()
-        requests = self._requests
+        self._results = queue.Queue()
+        requests, results = self._requests, self._results
 
         def iterate():
             while True:
@@ -256,11 +255,30 @@ class _SampleStream:
                     return
                 yield request
 
-        self._call = self._method(iterate(), wait_for_ready=True)
-        self._responses = iter(self._call)
+        call = self._method(iterate(), wait_for_ready=True)
+        self._call = call
         self._stream_samples = 0
         self._outstanding = 0
-        self._partial = None
+        # Responses are read and decoded by a thread, so that `next_batch` can hand out every sample that
+        # has arrived (up to a request's worth) instead of one response's worth.
+        threading.Thread(target=self._read, args=(call, results), name="replay_tf-sample-stream",
+                         daemon=True).start()
+
+    def _read(self, call, results: queue.Queue) -> None:
+        partial: list = [None]  # (info, {chunk key: Chunk}) of a sample split over responses
+        cache: "collections.OrderedDict" = collections.OrderedDict()  # this call's decoded chunks
+        try:
+            for raw in call:
+                batch = self._samples(reverb_service_pb2.SampleStreamResponse.FromString(raw), partial, cache)
+                if batch:
+                    results.put(batch)
+            results.put(errors.ReverbError(f"SampleStream of table '{self._table}' ended before the samples "
+                                           f"asked for arrived"))
+        except grpc.RpcError as e:
+            results.put(translate_error(e, f"Sampling table '{self._table}' failed"))
+        except Exception as e:  # noqa: BLE001  (a malformed response ends this stream, with its reason)
+            results.put(errors.ReverbError(f"SampleStream of table '{self._table}' sent an unreadable "
+                                           f"response: {type(e).__name__}: {e}"))
 
     def _ask(self) -> None:
         count = self._num_samples
@@ -279,50 +297,55 @@ class _SampleStream:
                     self.close()  # re-open to rebalance across servers, as Reverb's sampler does
                     continue
                 self._ask()
-            try:
-                raw = next(self._responses)
-            except StopIteration:
+            first = self._results.get()
+            if isinstance(first, Exception):
                 self.close()
-                raise errors.ReverbError(f"SampleStream of table '{self._table}' ended before the samples asked "
-                                         f"for arrived") from None
-            except grpc.RpcError as e:
-                self.close()
-                raise translate_error(e, f"Sampling table '{self._table}' failed") from None
-            batch = self._samples(reverb_service_pb2.SampleStreamResponse.FromString(raw))
-            if batch:
-                self._outstanding -= len(batch)
-                self._stream_samples += len(batch)
-                return batch
+                raise first
+            batch = first
+            # Everything else that has arrived, up to the rest of the request.
+            while len(batch) < self._outstanding:
+                try:
+                    more = self._results.get_nowait()
+                except queue.Empty:
+                    break
+                if isinstance(more, Exception):
+                    self._results.put(more)  # raised by the next call, after these samples
+                    break
+                batch = batch + more
+            self._outstanding -= len(batch)
+            self._stream_samples += len(batch)
+            return batch
 
-    def _chunk(self, proto: schema_pb2.ChunkData) -> chunk_store_lib.Chunk:
+    @staticmethod
+    def _chunk(proto: schema_pb2.ChunkData, cache) -> chunk_store_lib.Chunk:
         # A chunk of one key may have grown (in-process writers' open chunks): key the cache by its rows too.
         cache_key = (proto.chunk_key, proto.sequence_range.end)
-        chunk = self._chunks.get(cache_key)
+        chunk = cache.get(cache_key)
         if chunk is not None:
-            self._chunks.move_to_end(cache_key)
+            cache.move_to_end(cache_key)
             return chunk
         sequence_range = chunk_store_lib.SequenceRange(proto.sequence_range.episode_id, proto.sequence_range.start,
                                                        proto.sequence_range.end, proto.sequence_range.sparse)
         chunk = chunk_store_lib.Chunk(proto.chunk_key, codec.decode_chunk_tensors(proto), sequence_range,
                                       delta_encoded=proto.delta_encoded)
-        self._chunks[cache_key] = chunk
-        if len(self._chunks) > _CHUNK_CACHE_SIZE:
-            self._chunks.popitem(last=False)
+        cache[cache_key] = chunk
+        if len(cache) > _CHUNK_CACHE_SIZE:
+            cache.popitem(last=False)
         return chunk
 
-    def _samples(self, response) -> list:
+    def _samples(self, response, partial: list, cache) -> list:
         out = []
         for entry in response.entries:
             if entry.HasField("info"):
-                self._partial = (entry.info, {})
-            if self._partial is None:
+                partial[0] = (entry.info, {})
+            if partial[0] is None:
                 raise errors.ReverbError("SampleStream sent sample data before its info")
-            chunks = self._partial[1]
+            chunks = partial[0][1]
             for proto in entry.data:
-                chunks[proto.chunk_key] = self._chunk(proto)
+                chunks[proto.chunk_key] = self._chunk(proto, cache)
             if entry.end_of_sequence:
-                info, chunks = self._partial
-                self._partial = None
+                info, chunks = partial[0]
+                partial[0] = None
                 item_proto = info.item
                 priority, times_sampled = item_proto.priority, item_proto.times_sampled
                 item = _SampledItemData(item_proto.key, priority, times_sampled, item_proto.flat_trajectory, chunks)
@@ -338,7 +361,6 @@ class _SampleStream:
             except Exception:  # noqa: BLE001  (grpc may already be torn down at interpreter exit)
                 pass
             self._call = None
-            self._responses = None
 
 
 class _SampledItemData:

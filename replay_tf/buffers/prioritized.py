@@ -161,25 +161,26 @@ class PrioritizedReplayBuffer(tf.Module):
             raise TypeError(f"update_priorities: priorities must be floats, got {priorities.dtype.name}")
         if ids.shape.rank not in (None, 1, 2):
             raise ValueError(f"update_priorities: ids must be [B] or [B, T], got shape {ids.shape}")
-        ids = tf.cast(ids, tf.int64)
-        if ids.shape.rank == 2:
-            ids = ids[:, 0]
         if (ids.shape.rank is not None and priorities.shape.rank is not None
                 and ids.shape.is_fully_defined() and priorities.shape.is_fully_defined()
-                and ids.shape.as_list() != priorities.shape.as_list()):
+                and ids.shape.as_list()[:1] != priorities.shape.as_list()):
             raise ValueError(f"update_priorities: priorities shape {priorities.shape.as_list()} must match "
-                             f"ids shape {ids.shape.as_list()} (one priority per sampled item)")
-        op = self._run("update", self._update_impl, tensors=(ids, tf.cast(priorities, tf.float32)))
+                             f"ids shape {ids.shape.as_list()[:1]} (one priority per sampled item)")
+        # Casts and slicing happen inside the traced function: eager ops cost a dispatch each.
+        op = self._run("update", self._update_impl, tensors=(ids, priorities))
         return None if tf.executing_eagerly() else op
 
     def _update_impl(self, ids, priorities):
+        ids = tf.cast(ids, tf.int64)
+        if ids.shape.rank == 2:
+            ids = ids[:, 0]
+        priorities = tf.cast(priorities, tf.float32)
         state, batch_size = self._buffer.state, self._buffer.batch_size
         capacity = batch_size * self._buffer.max_length
-        checks = [
-            tf.debugging.assert_all_finite(priorities, "update_priorities: priorities must be finite "
-                                                       "(got NaN or inf)"),
-            tf.debugging.assert_non_negative(priorities, "update_priorities: priorities must be >= 0"),
-        ]
+        checks = [tf.debugging.Assert(
+            tf.reduce_all(tf.math.is_finite(priorities) & (priorities >= 0.0)),
+            ["update_priorities: priorities must be finite and >= 0 (got NaN, inf or a negative value):",
+             priorities], summarize=16)]
         last_id = state.last_id.read_value()
         steps = tf.math.floordiv(ids, batch_size)
         checks.append(tf.debugging.Assert(

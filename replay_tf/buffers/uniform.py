@@ -96,6 +96,7 @@ class UniformReplayBuffer(tf.Module):
         self._stateful_dataset = stateful_dataset
         self._episode_end_fn = episode_end_fn
         self._functions: dict = self._no_dependency({})  # traced functions, not checkpointed
+        self._expected_leaves = None
         with tf.device(device), tf.name_scope(scope):
             self._state = _ring.make_state(data_spec, self._batch_size, self._max_length,
                                            episode_aware=episode_end_fn is not None)
@@ -163,7 +164,9 @@ class UniformReplayBuffer(tf.Module):
 
     def _add_inputs(self, items) -> tuple:
         """Validated flat leaves of `items` (+ the episode-end flags when episode-aware)."""
-        flat = specs.validate(items, self._data_spec, outer_dims=[self._batch_size], root="items")
+        flat = self._validated_fast(items)
+        if flat is None:
+            flat = specs.validate(items, self._data_spec, outer_dims=[self._batch_size], root="items")
         extra = ()
         if self._episode_end_fn is not None:
             ends = tf.convert_to_tensor(self._episode_end_fn(items))
@@ -172,6 +175,29 @@ class UniformReplayBuffer(tf.Module):
                                  f"tensor, got shape {ends.shape}")
             extra = (tf.cast(ends, tf.bool),)
         return tuple(flat) + extra
+
+    def _validated_fast(self, items):
+        """The flat leaves if `items` are eager tensors of exactly the spec's dtypes and batch shapes.
+
+        The common case of a collect loop, checked in a few microseconds; anything else (numpy,
+        symbolic tensors, mismatches) returns None and goes through `specs.validate` for its errors.
+        """
+        if not tf.executing_eagerly():
+            return None
+        try:
+            tf.nest.assert_same_structure(items, self._data_spec, check_types=False)
+        except (TypeError, ValueError):
+            return None
+        flat = tf.nest.flatten(items)
+        expected = self._expected_leaves
+        if expected is None:
+            expected = self._expected_leaves = [
+                (leaf.dtype, tuple([self._batch_size] + leaf.shape.as_list()))
+                for leaf in tf.nest.flatten(self._data_spec)]
+        for value, (dtype, shape) in zip(flat, expected):
+            if not isinstance(value, tf.Tensor) or value.dtype != dtype or tuple(value.shape) != shape:
+                return None
+        return flat
 
     def _add_impl(self, *tensors, deps=()):
         flat = list(tensors[:len(self._state.storage)])
@@ -424,15 +450,17 @@ def run_in_graph(owner, name: str, fn: Callable, *args, tensors=()):
     if not tf.executing_eagerly():
         with tf.device(owner._device), tf.name_scope(owner._scope):
             return fn(*args, *tensors)
-    key = (name,) + args
-    function = owner._functions.get(key)
-    if function is None:
+    # Calls from Python are the hot path (one per add / sample): keep one ConcreteFunction per
+    # (name, args, input dtypes and shapes) and call it directly, skipping tf.function's dispatch.
+    key = (name, args, tuple((t.dtype, tuple(t.shape)) for t in tensors))
+    concrete = owner._functions.get(key)
+    if concrete is None:
         def run(*ts):
             with tf.device(owner._device), tf.name_scope(owner._scope):
                 out = fn(*args, *ts)
             return None if isinstance(out, tf.Operation) else out
-        function = owner._functions[key] = tf.function(run, autograph=False)
-    return function(*tensors)
+        concrete = owner._functions[key] = tf.function(run, autograph=False).get_concrete_function(*tensors)
+    return concrete(*tensors)
 
 
 def _all_nodes(nest):

@@ -97,9 +97,9 @@ def test_overwritten_ids_are_skipped_and_clear_resets():
 
 
 @pytest.mark.parametrize("ids, priorities, error, pattern", [
-    ([0, 1], [1.0, -1.0], tf.errors.InvalidArgumentError, "priorities must be >= 0"),
-    ([0, 1], [1.0, float("nan")], tf.errors.InvalidArgumentError, "must be finite"),
-    ([0, 1], [float("inf"), 1.0], tf.errors.InvalidArgumentError, "must be finite"),
+    ([0, 1], [1.0, -1.0], tf.errors.InvalidArgumentError, "priorities must be finite and >= 0"),
+    ([0, 1], [1.0, float("nan")], tf.errors.InvalidArgumentError, "priorities must be finite and >= 0"),
+    ([0, 1], [float("inf"), 1.0], tf.errors.InvalidArgumentError, "priorities must be finite and >= 0"),
     ([0, 99], [1.0, 1.0], tf.errors.InvalidArgumentError, "unknown ids"),
     ([-1], [1.0], tf.errors.InvalidArgumentError, "unknown ids"),
     ([0, 1], [1.0], ValueError, r"priorities shape \[1\] must match ids shape \[2\]"),

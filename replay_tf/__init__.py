@@ -15,6 +15,8 @@ from replay_tf.buffers import UniformReplayBuffer
 # --- replay server: tables, selectors, rate limiters, client, writers, datasets (replay_tf/core, ...) ---
 from replay_tf import rate_limiters
 from replay_tf import selectors
+from replay_tf import structured_writer
+from replay_tf import structured_writer as structured
 from replay_tf.client import Client
 from replay_tf.errors import DeadlineExceededError
 from replay_tf.errors import ReverbError
@@ -46,4 +48,6 @@ __all__ = [
     "TrajectoryWriter",
     "rate_limiters",
     "selectors",
+    "structured",
+    "structured_writer",
 ]

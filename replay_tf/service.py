@@ -250,52 +250,69 @@ class ReverbServicer:
             held.clear()  # chunks no item refers to are freed with the stream
 
     def _item(self, entry: _TableEntry, proto: schema_pb2.PrioritizedItem, held: dict) -> chunk_store_lib.Item:
-        trajectory = codec.trajectory_from_proto(proto.flat_trajectory)
-        keys = {s.chunk_key for column in trajectory for s in column.slices}
-        missing = sorted(k for k in keys if k not in held)
-        if missing:
-            raise _StatusError(grpc.StatusCode.FAILED_PRECONDITION,
-                               f"Could not find sequence chunk {missing[0]}. Item {proto.key} for table "
-                               f"'{proto.table}' refers to chunks {missing} that this stream does not hold (never "
-                               f"sent, or not listed in the previous request's keep_chunk_keys)")
-        item = chunk_store_lib.Item(proto.key, proto.priority, trajectory, [held[k][0] for k in keys],
-                                    times_sampled=proto.times_sampled)
-        entry.table.check_priority(item.key, item.priority)
-        self._check_columns(entry, item, held)
-        return item
-
-    @staticmethod
-    def _check_columns(entry: _TableEntry, item: chunk_store_lib.Item, held: dict) -> None:
-        """Column dtypes and shapes from chunk headers (nothing decoded) against slices and the signature."""
-        columns = []
-        for i, column in enumerate(item.trajectory):
+        """The core item of `proto`, validated against the stream's chunks (headers only, nothing decoded)
+        and the table's signature."""
+        key = proto.key
+        resolved, columns, episode_ids = [], [], set()
+        if not proto.flat_trajectory.columns:
+            raise ValueError(f"item {key} for table '{proto.table}': the trajectory must not be empty")
+        for i, column in enumerate(proto.flat_trajectory.columns):
+            slices = column.chunk_slices
+            if not slices:
+                raise ValueError(f"item {key}: column {i} has no chunk slices")
+            if column.squeeze and (len(slices) != 1 or slices[0].length != 1):
+                raise ValueError(f"item {key}: column {i} is squeezed, so it must be exactly one slice of "
+                                 f"length 1, got {len(slices)} slices")
+            flat = [column.squeeze]
             dtype = shape = None
             rows = 0
-            for s in column.slices:
-                headers = held[s.chunk_key][1]
-                if not 0 <= s.index < len(headers):
-                    raise ValueError(f"item {item.key}: column {i} refers to tensor {s.index} of chunk "
-                                     f"{s.chunk_key}, which has {len(headers)} tensors")
-                got_dtype, got_shape = headers[s.index]
+            for s in slices:
+                chunk_key, offset, length, index = s.chunk_key, s.offset, s.length, s.index
+                found = held.get(chunk_key)
+                if found is None:
+                    raise _StatusError(
+                        grpc.StatusCode.FAILED_PRECONDITION,
+                        f"Could not find sequence chunk {chunk_key}. Item {key} for table '{proto.table}' refers "
+                        f"to a chunk that this stream does not hold (never sent, or not listed in the previous "
+                        f"request's keep_chunk_keys)")
+                chunk, headers = found
+                if offset < 0 or length < 1 or offset + length > chunk.num_rows:
+                    raise ValueError(f"item {key}: slice {(chunk_key, offset, length, index)} of column {i} is out "
+                                     f"of chunk {chunk_key}'s rows [0, {chunk.num_rows})")
+                if not 0 <= index < len(headers):
+                    raise ValueError(f"item {key}: column {i} refers to tensor {index} of chunk {chunk_key}, "
+                                     f"which has {len(headers)} tensors")
+                got_dtype, got_shape = headers[index]
                 if dtype is None:
                     dtype, shape = got_dtype, got_shape[1:]
                 elif (got_dtype, got_shape[1:]) != (dtype, shape):
-                    raise ValueError(f"item {item.key}: column {i} joins slices of different dtypes or shapes: "
+                    raise ValueError(f"item {key}: column {i} joins slices of different dtypes or shapes: "
                                      f"{dtype.name}{list(shape)} and {got_dtype.name}{list(got_shape[1:])}")
-                rows += s.length
+                rows += length
+                flat += (chunk, index, offset, offset + length)
+                episode_ids.add(chunk.sequence_range.episode_id)
+            resolved.append(tuple(flat))
             columns.append((dtype, shape if column.squeeze else (rows, *shape)))
+        entry.table.check_priority(key, proto.priority)
+        self._check_signature(entry, key, columns)
+        item = chunk_store_lib.Item.from_resolved(key, proto.priority, tuple(resolved), frozenset(episode_ids))
+        item.times_sampled = proto.times_sampled  # taken from the request, as Reverb does
+        return item
+
+    @staticmethod
+    def _check_signature(entry: _TableEntry, key: int, columns: list) -> None:
         entries = entry.signature_entries
         if entries is None:
             return
         if len(columns) != len(entries):
-            raise ValueError(f"item {item.key} for table '{entry.name}' has {len(columns)} columns but the table "
+            raise ValueError(f"item {key} for table '{entry.name}' has {len(columns)} columns but the table "
                              f"signature has {len(entries)}: {[e[0] for e in entries]}")
         for (path, dtype, shape, spec), (got_dtype, got_shape) in zip(entries, columns):
             # Reverb's `client.insert` (legacy writer) sends steps as unsqueezed length-1 columns; Reverb's
             # server stores them whatever the signature, so the step's own shape is accepted too.
             legacy_step = got_shape[:1] == (1,) and table_lib._shape_compatible(shape, got_shape[1:])
             if got_dtype != dtype or not (legacy_step or table_lib._shape_compatible(shape, got_shape)):
-                raise ValueError(f"item {item.key} for table '{entry.name}' does not match the table signature at "
+                raise ValueError(f"item {key} for table '{entry.name}' does not match the table signature at "
                                  f"column '{path}': expected {spec}, got dtype={np.dtype(got_dtype).name} "
                                  f"shape={list(got_shape)}")
 

@@ -5,14 +5,14 @@ column with numpy and yielded as one element per batch; `.unbatch()` in the grap
 single samples, so the Python cost is paid per batch, not per sample. A rate-limiter timeout
 (`rate_limiter_timeout_ms`) ends the iteration, as in Reverb.
 
->>> import replay_tf as reverb, tensorflow as tf
->>> server = reverb.Server([reverb.Table.queue('q', 10, signature=tf.TensorSpec([2], tf.float32))])
+>>> import replay_tf as reverb, tensorflow as tf, numpy as np
+>>> server = reverb.Server([reverb.Table.queue('q', 10, signature=tf.TensorSpec([1, 2], tf.float32))])
 >>> client = reverb.Client(f'localhost:{server.port}')
->>> client.insert([1.0, 2.0], priorities={'q': 1.0})
+>>> client.insert(np.array([1.0, 2.0], np.float32), priorities={'q': 1.0})  # a length-1 item
 >>> dataset = reverb.TrajectoryDataset.from_table_signature(
 ...     f'localhost:{server.port}', 'q', max_in_flight_samples_per_worker=2, rate_limiter_timeout_ms=100)
 >>> [s.data.numpy().tolist() for s in dataset]
-[[1.0, 2.0]]
+[[[1.0, 2.0]]]
 >>> server.stop()
 """
 from __future__ import annotations

@@ -131,6 +131,12 @@ emit("prio/after", after)
 client.mutate_priorities("prio", deletes=keys[1:])
 emit("prio/size_after_delete", int(client.server_info()["prio"].current_size))
 
+# A rate-limiter timeout ends a dataset (the "structured" table is empty by now).
+empty = reverb.TrajectoryDataset(address, "structured", dtypes=(tf.int64, tf.float32),
+                                 shapes=(tf.TensorShape([]), tf.TensorShape([2, 2])),
+                                 max_in_flight_samples_per_worker=4, rate_limiter_timeout_ms=100)
+emit("timeout_dataset", len(list(empty)))
+
 # reset and checkpoint.
 client.reset("uniform")
 info = client.server_info()
@@ -211,6 +217,10 @@ def test_reverb_priorities(reverb_client_run, our_server):
     assert len(keys) == 4
     assert out["prio/after"] == [[keys[0], 1.0, 5.0]] * 10
     assert out["prio/size_after_delete"] == 1
+
+
+def test_reverb_rate_limiter_timeout_ends_dataset(reverb_client_run):
+    assert reverb_client_run["timeout_dataset"] == 0
 
 
 def test_reverb_reset_and_checkpoint(reverb_client_run, our_server):
@@ -389,6 +399,14 @@ def test_our_structured_writer(our_client, reverb_server):
     for i, (act, obs) in enumerate(reference.values()):
         t = 2 * i + 1
         assert act == t and obs == [_step(t - 1)["obs"].tolist(), _step(t)["obs"].tolist()]
+
+
+def test_our_rate_limiter_timeout_ends_dataset(our_client, reverb_server):
+    dataset = reverb.TrajectoryDataset(f"localhost:{reverb_server.port}", "structured",
+                                       dtypes=(tf.int64, tf.float32),
+                                       shapes=(tf.TensorShape([]), tf.TensorShape([2, 2])),
+                                       max_in_flight_samples_per_worker=4, rate_limiter_timeout_ms=100)
+    assert list(dataset) == []
 
 
 def test_our_reset_and_checkpoint(our_client):

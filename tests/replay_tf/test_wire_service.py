@@ -240,3 +240,21 @@ def test_random_bytes_never_take_the_server_down(channel, server):
 def test_binds_localhost_and_refuses_a_taken_port(server):
     with pytest.raises(ValueError, match=r"could not bind the replay service to localhost:\d+"):
         service.start(server)
+
+
+def test_insert_back_pressure_and_confirmations_while_blocked(server):
+    # Queue of 2: the third insert blocks on the rate limiter; the first two are confirmed meanwhile, and
+    # sampling releases the rest.
+    channel = grpc.insecure_channel(f"localhost:{server.port}")
+    chunk = _chunk(100, rows=5)
+    requests = [_request([chunk], [(110 + i, "q", [(100, i, 1)], False) for i in range(5)])]
+    call = channel.stream_stream(_PREFIX + "InsertStream", request_serializer=lambda b: b,
+                                 response_deserializer=lambda b: b)(iter(requests), timeout=30)
+    first = reverb_service_pb2.InsertStreamResponse.FromString(next(call)).keys
+    assert list(first) == [110, 111]
+    client = reverb.Client(f"localhost:{server.port}")
+    got = [int(ts[0].data[0][0]) for ts in client.sample("q", 5)]
+    assert got == [0, 2, 4, 6, 8]
+    rest = [k for raw in call for k in reverb_service_pb2.InsertStreamResponse.FromString(raw).keys]
+    assert rest == [112, 113, 114]
+    channel.close()

@@ -22,6 +22,7 @@ plain Python objects (`replay_tf.core`) to the `deepmind.reverb` messages and ba
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any, Optional, Sequence
 
 import cramjam
@@ -145,34 +146,32 @@ def decode_tensor(proto, *, delta_encoded: bool = False) -> np.ndarray:
       ChunkDecodeError: unsupported dtype, invalid Snappy data, or a size that contradicts the shape.
     """
     dtype = numpy_dtype(proto.dtype)
-    shape = tuple(d.size for d in proto.tensor_shape.dim)
-    if any(size < 0 for size in shape):
+    shape = tuple([d.size for d in proto.tensor_shape.dim])
+    count = math.prod(shape)
+    if count < 0 or any(size < 0 for size in shape):
         raise ChunkDecodeError(f"chunk tensor has a negative dimension: shape {list(shape)}")
-    count = int(np.prod(shape, dtype=np.int64))
-    if dtype == object:
-        values = _decode_string_list(proto.tensor_content, count) if proto.tensor_content else proto.string_val
+    if dtype.kind == "O":
+        content = proto.tensor_content
+        values = _decode_string_list(content, count) if content else proto.string_val
         if len(values) != count:
             raise ChunkDecodeError(f"string chunk tensor of shape {list(shape)} has {len(values)} values, "
                                    f"expected {count}")
         out = np.empty(count, dtype=object)
         out[:] = list(values)
         return out.reshape(shape)
-    content = proto.tensor_content
     expected = count * dtype.itemsize
+    out = np.empty(shape, dtype=dtype)
+    content = proto.tensor_content
     try:
         size = cramjam.snappy.decompress_raw_len(content)
+        if size == expected and expected:
+            size = cramjam.snappy.decompress_raw_into(content, out.reshape(-1).view(np.uint8))
     except Exception as e:  # cramjam raises its own DecompressionError type
-        raise ChunkDecodeError(f"chunk tensor content is not Snappy raw data: {e}") from e
+        raise ChunkDecodeError(f"chunk tensor content is not valid Snappy raw data: {e}") from e
     if size != expected:
         raise ChunkDecodeError(f"chunk tensor of dtype {dtype.name} and shape {list(shape)} needs {expected} "
                                f"bytes, its content decompresses to {size}")
-    out = np.empty(shape, dtype=dtype)
-    if expected:
-        try:
-            cramjam.snappy.decompress_raw_into(content, out.reshape(-1).view(np.uint8))
-        except Exception as e:
-            raise ChunkDecodeError(f"chunk tensor content is corrupt Snappy raw data: {e}") from e
-    if delta_encoded and _delta_applies(out):
+    if delta_encoded and out.ndim >= 2 and dtype.kind in "iu":
         unsigned = out.view(_UNSIGNED_VIEW[dtype.itemsize])
         # Prefix sums undo the consecutive differences (wrapping, as they were computed).
         np.cumsum(unsigned, axis=0, dtype=unsigned.dtype, out=unsigned)

@@ -2,9 +2,11 @@
 
 `batch(ds, size=2, shift=1)` over (1, 2, 3, 4) gives [1, 2], [2, 3], [3, 4], [4]: windows start every
 `shift` elements, take `size` elements `stride` apart, and (unless `drop_remainder`) the windows at the end
-keep what is left. Instead of one window dataset per output, the input is cut into large blocks and a
-`Dataset.scan` carries the elements that windows still need into the next block; every full window of a
-block comes from one `tf.gather`.
+keep what is left. Datasets of plain tensors use TensorFlow's stock `SlidingWindowDataset` kernel (as rlds
+does: each element is copied straight into its windows). Otherwise, when every shape is known, the input
+is cut into large blocks and a `Dataset.scan` carries the elements that windows still need into the next
+block, every full window of a block coming from one `tf.gather`; anything else goes through
+`Dataset.window`.
 
 >>> [x.numpy().tolist() for x in batch(tf.data.Dataset.range(1, 5), size=2, shift=1)]
 [[1, 2], [2, 3], [3, 4], [4]]
@@ -16,11 +18,17 @@ from typing import Any, Optional
 import tensorflow as tf
 
 from rlds_tf import rlds_types
+
+try:  # Stock TensorFlow kernels, reached through TF's generated op wrappers (not public API).
+    from tensorflow.python.data.ops import dataset_ops  # pylint: disable=g-direct-tensorflow-import
+    from tensorflow.python.ops import gen_experimental_dataset_ops  # pylint: disable=g-direct-tensorflow-import
+except ImportError:  # pragma: no cover - a TF without them falls back to the blocked gather
+    dataset_ops = gen_experimental_dataset_ops = None
 from rlds_tf.transformations import shape_ops
 
 BATCH_AUTO_TUNE = -1
 DEFAULT_BATCH_SIZE_IN_BYTES = 200_000
-_BLOCK_ELEMENTS = 4096
+_BLOCK_ELEMENTS = 4096  # elements per block on the blocked-gather path
 
 
 def get_batch_size(dataset: tf.data.Dataset, optimization_batch_size: int = BATCH_AUTO_TUNE) -> int:
@@ -40,6 +48,30 @@ def _windows_by_dataset(dataset, size, shift, stride, drop_remainder):
     windowed = dataset.window(size=size, shift=shift, stride=stride, drop_remainder=drop_remainder)
     return windowed.flat_map(lambda window: tf.data.Dataset.zip(
         tf.nest.map_structure(lambda ds: ds.batch(size), window)))
+
+
+class _SlidingWindowDataset(dataset_ops.UnaryDataset if gen_experimental_dataset_ops else object):
+    """TensorFlow's stock `SlidingWindowDataset` kernel (the one rlds uses): windows copied in C++."""
+
+    def __init__(self, input_dataset, size, shift, stride, drop_remainder):
+        self._element_spec = tf.nest.map_structure(
+            lambda s: tf.TensorSpec([None] + s.shape.as_list(), s.dtype), input_dataset.element_spec)
+        variant = gen_experimental_dataset_ops.sliding_window_dataset(
+            input_dataset._variant_tensor,  # pylint: disable=protected-access
+            window_size=tf.constant(size, tf.int64), window_shift=tf.constant(shift, tf.int64),
+            window_stride=tf.constant(stride, tf.int64), drop_remainder=drop_remainder,
+            output_types=[s.dtype for s in tf.nest.flatten(self._element_spec)],
+            output_shapes=[s.shape for s in tf.nest.flatten(self._element_spec)])
+        super().__init__(input_dataset, variant)
+
+    @property
+    def element_spec(self):
+        return self._element_spec
+
+
+def _sliding_window_kernel_available() -> bool:
+    return gen_experimental_dataset_ops is not None and hasattr(gen_experimental_dataset_ops,
+                                                                "sliding_window_dataset")
 
 
 def _vectorizable(spec: Any) -> bool:
@@ -96,7 +128,7 @@ def _windows_by_blocks(dataset, size, shift, stride, drop_remainder):
 
 
 def batch(dataset: tf.data.Dataset, size: int = BATCH_AUTO_TUNE, shift: Optional[int] = None,
-          stride: int = 1, drop_remainder: bool = False) -> tf.data.Dataset:
+          stride: int = 1, drop_remainder: bool = False, *, checkpointable: bool = False) -> tf.data.Dataset:
     """Batches elements into (possibly overlapping, strided) windows, returned as flat batched tensors.
 
     Args:
@@ -105,6 +137,9 @@ def batch(dataset: tf.data.Dataset, size: int = BATCH_AUTO_TUNE, shift: Optional
       shift: distance between the first elements of consecutive batches (defaults to `size`).
       stride: distance between consecutive elements within a batch.
       drop_remainder: drop the batches at the end that have fewer than `size` elements.
+      checkpointable: build overlapping windows with the blocked gather, whose iterators can be saved
+        with `tf.train.Checkpoint` (TF's sliding-window kernel, used otherwise as in rlds, cannot save its
+        state); about half as fast on element-by-element inputs.
 
     Returns:
       The dataset of batches (leading dimension None, or `size` when `drop_remainder`).
@@ -126,6 +161,12 @@ def batch(dataset: tf.data.Dataset, size: int = BATCH_AUTO_TUNE, shift: Optional
             raise ValueError(f"{name} must be a positive int, got {value!r}")
     if shift == size and stride == 1:
         return dataset.batch(size, drop_remainder=drop_remainder)
+    plain_tensors = all(isinstance(s, tf.TensorSpec) for s in tf.nest.flatten(dataset.element_spec))
+    if plain_tensors and _sliding_window_kernel_available() and not checkpointable:
+        # About twice as fast as the blocked gather below for element-by-element inputs (measured with
+        # benchmarks/bench_patterns.py): the kernel copies each element into its windows without
+        # re-slicing a block.
+        return _SlidingWindowDataset(dataset, size, shift, stride, drop_remainder)
     if _vectorizable(dataset.element_spec):
         return _windows_by_blocks(dataset, size, shift, stride, drop_remainder)
     return _windows_by_dataset(dataset, size, shift, stride, drop_remainder)

@@ -201,7 +201,7 @@ def test_batch_rejects_bad_arguments(kwargs, match):
 
 
 def test_batch_iterator_is_checkpointable(tmp_path):
-    ds = T.batch(tf.data.Dataset.range(10), size=3, shift=1)
+    ds = T.batch(tf.data.Dataset.range(10), size=3, shift=1, checkpointable=True)
     full = [x.numpy().tolist() for x in ds]
     it = iter(ds)
     head = [next(it).numpy().tolist() for _ in range(4)]
@@ -211,3 +211,15 @@ def test_batch_iterator_is_checkpointable(tmp_path):
     assert head + rest == full
     ckpt.restore(path)
     assert [x.numpy().tolist() for x in it] == rest
+
+
+@pytest.mark.parametrize("size,shift,stride,drop", [(2, 1, 1, False), (3, 2, 2, False), (3, 1, 2, True),
+                                                     (2, 3, 1, False), (4, 1, 1, False)])
+def test_blocked_gather_path_matches_window_path(size, shift, stride, drop):
+    # The fallback for inputs the sliding-window kernel is not used for; `Dataset.window` is the oracle.
+    from rlds_tf.transformations import flexible_batch
+    ds = tf.data.Dataset.range(23).map(lambda x: {"x": x, "y": tf.stack([x, -x])})
+    ours = T.batch(ds, size, shift, stride, drop, checkpointable=True)
+    want = flexible_batch._windows_by_dataset(ds, size, shift, stride, drop)
+    flat = lambda d: [{k: v.numpy().tolist() for k, v in e.items()} for e in d]  # noqa: E731
+    assert flat(ours) == flat(want)

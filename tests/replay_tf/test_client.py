@@ -1,0 +1,135 @@
+"""Client: in-process lookup, insert/sample forms, mutate, reset, server_info, checkpoint, pickling."""
+import pickle
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import reverb_testlib
+import replay_tf as reverb
+
+
+@pytest.fixture
+def server():
+    server = reverb.Server([
+        reverb.Table("sig", reverb.selectors.Fifo(), reverb.selectors.Fifo(), 10, reverb.rate_limiters.MinSize(1),
+                     signature={"a": tf.TensorSpec([1], tf.int32), "b": tf.TensorSpec([1, 2], tf.float32)}),
+        reverb.Table("plain", reverb.selectors.Fifo(), reverb.selectors.Fifo(), 10, reverb.rate_limiters.MinSize(1)),
+    ])
+    yield server
+    server.stop()
+
+
+@pytest.mark.parametrize("host", ["localhost", "127.0.0.1", "[::1]"])
+def test_loopback_aliases_are_in_process(server, host):
+    client = reverb.Client(f"{host}:{server.port}")
+    assert type(client.transport).__name__ == "InProcessTransport"
+    assert sorted(client.server_info()) == ["plain", "sig"]
+
+
+def test_client_pickles(server):
+    client = pickle.loads(pickle.dumps(reverb.Client(f"localhost:{server.port}")))
+    assert client.server_address == f"localhost:{server.port}"
+
+
+def test_bad_address():
+    with pytest.raises(ValueError, match=r"must look like 'host:port'"):
+        reverb.Client("no-port")
+
+
+def test_insert_and_sample_forms(server):
+    client = server.localhost_client()
+    client.insert({"a": np.int32(3), "b": np.array([1.0, 2.0], np.float32)}, priorities={"sig": 1.0, "plain": 2.0})
+    [step] = next(client.sample("plain"))
+    assert step.info.priority == 2.0 and step.info.times_sampled == 1
+    assert [x.tolist() for x in step.data] == [3, [1.0, 2.0]]
+    flat = next(client.sample("sig", emit_timesteps=False))
+    assert [x.tolist() for x in flat.data] == [[3], [[1.0, 2.0]]]
+    nested = next(client.sample("sig", emit_timesteps=False, unpack_as_table_signature=True))
+    assert nested.data["b"].tolist() == [[1.0, 2.0]] and nested.info.times_sampled == 3
+    with pytest.raises(ValueError, match="priorities must contain at least one item"):
+        client.insert(1, priorities={})
+
+
+def test_mutate_reset_and_unknown_tables(server):
+    client = server.localhost_client()
+    for i in range(3):
+        client.insert(np.int32(i), priorities={"plain": 1.0})
+    keys = [s[0].info.key for s in client.sample("plain", 3)]
+    client.mutate_priorities("plain", updates={keys[1]: 5.0}, deletes=[keys[0]])
+    assert client.server_info()["plain"].current_size == 2
+    with pytest.raises(ValueError, match=r"Priority table nope was not found.*\['plain', 'sig'\]"):
+        client.mutate_priorities("nope", updates={1: 1.0})
+    with pytest.raises(ValueError, match="Priority table nope was not found"):
+        client.reset("nope")
+    with pytest.raises(ValueError, match="Priority table nope was not found"):
+        next(client.sample("nope"))
+    client.reset("plain")
+    info = client.server_info()["plain"]
+    assert info.current_size == 0 and info.rate_limiter_info.insert_stats.completed == 0
+
+
+def test_checkpoint_needs_a_checkpointer(server):
+    with pytest.raises(ValueError, match="no checkpointer"):
+        server.localhost_client().checkpoint()
+
+
+def test_stopped_server_cancels_blocked_sample(server):
+    import threading
+    client = server.localhost_client()
+    errors = []
+
+    def sample():
+        try:
+            next(client.sample("plain"))
+        except reverb.ReverbError as e:
+            errors.append(e)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    thread.join(0.2)
+    server.stop()
+    thread.join(10)
+    assert not thread.is_alive() and "closed" in str(errors[0])
+
+
+SCENARIOS = {
+    "sample_forms": """
+server = reverb.Server([reverb.Table('t', reverb.selectors.Fifo(), reverb.selectors.Fifo(), 10,
+                                     reverb.rate_limiters.MinSize(1),
+                                     signature={'a': tf.TensorSpec([1], tf.int32), 'b': [tf.TensorSpec([1, 2], tf.float32)]})])
+client = reverb.Client(f'localhost:{server.port}')
+client.insert({'a': np.int32(3), 'b': [np.array([1.0, 2.0], np.float32)]}, priorities={'t': 1.5})
+with client.trajectory_writer(2) as w:
+    for i in range(3):
+        w.append({'a': np.int32(i), 'b': [np.full([2], i, np.float32)]})
+    w.create_item('t', 2.5, {'a': w.history['a'][-1:], 'b': [w.history['b'][0][-1:]]})
+for emit_timesteps in [True, False]:
+    for unpack in [False, True]:
+        out = []
+        for s in client.sample('t', 2, emit_timesteps=emit_timesteps, unpack_as_table_signature=unpack):
+            steps = s if emit_timesteps else [s]
+            out.append([[type(x.data).__name__, [np.asarray(v).tolist() for v in tf.nest.flatten(x.data)],
+                         x.info.priority, x.info.times_sampled, type(x.info.key).__name__] for x in steps])
+        emit(f'{emit_timesteps}_{unpack}', out)
+info = client.server_info()['t']
+emit('info', [info.current_size, info.num_unique_samples, info.rate_limiter_info.sample_stats.completed])
+""",
+}
+
+
+@pytest.fixture(scope="module")
+def peer_results(peer):
+    return reverb_testlib.run_peer(peer, SCENARIOS)
+
+
+@pytest.fixture(scope="module")
+def local_results():
+    return reverb_testlib.run_local(SCENARIOS)
+
+
+@pytest.mark.peer
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_matches_reverb(scenario, peer_results, local_results):
+    assert (reverb_testlib.scenario_results(local_results, scenario)
+            == reverb_testlib.scenario_results(peer_results, scenario))

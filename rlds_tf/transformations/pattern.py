@@ -15,6 +15,7 @@ import tensorflow as tf
 from rlds_tf import patterns
 from rlds_tf import rlds_types
 from rlds_tf.patterns import compile as compile_lib
+from rlds_tf.patterns import configs as configs_lib
 
 
 def step_spec(episodes_dataset: tf.data.Dataset) -> Dict[str, Any]:
@@ -58,7 +59,34 @@ def pattern_map(episodes_dataset: tf.data.Dataset, configs: Sequence[Any],
     if episodes_dataset.cardinality() == tf.data.INFINITE_CARDINALITY:
         # Endless episodes give endless items only if configs fire; Reverb declares it infinite too.
         items = items.apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY))
+    else:
+        count = _static_item_count(episodes_dataset, configs, respect_episode_boundaries)
+        if count is not None:
+            items = items.apply(tf.data.experimental.assert_cardinality(count))
     return items
+
+
+def _static_item_count(episodes_dataset: tf.data.Dataset, configs: Sequence[Any],
+                       respect_episode_boundaries: bool) -> Optional[int]:
+    """The number of items when it follows from static facts alone, else None.
+
+    That is the case for episodes of stacked steps with a static length T, a known number of episodes N,
+    configs without conditions (only the implicit history one) and histories that run across episodes:
+    config k, which waits for H_k steps, then fires at every step from the H_k-th of the N*T on.
+    """
+    steps = episodes_dataset.element_spec[rlds_types.STEPS]
+    if respect_episode_boundaries or isinstance(steps, tf.data.DatasetSpec):
+        return None
+    lengths = {s.shape[0] if s.shape.rank else None for s in tf.nest.flatten(steps)}
+    num_episodes = int(episodes_dataset.cardinality())
+    if len(lengths) != 1 or None in lengths or num_episodes < 0:
+        return None
+    configs = [patterns.as_config(c) for c in configs]
+    if any(c.conditions for c in configs):
+        return None
+    total = num_episodes * lengths.pop()
+    histories = configs_lib.with_buffer_length_conditions(configs, cumulative=True)
+    return sum(max(total - c.conditions[-1].value + 1, 0) for c in histories)
 
 
 def pattern_map_from_transform(episodes_dataset: tf.data.Dataset,

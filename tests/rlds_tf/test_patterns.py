@@ -210,6 +210,24 @@ def test_cardinality_of_infinite_input_is_infinite():
     assert ds.cardinality() == tf.data.INFINITE_CARDINALITY
 
 
+@pytest.mark.parametrize("respect,snippet,known", [
+    (False, "configs = [sw.create_config(ref['x'][-2:], 't'), sw.create_config(ref['x'][-1:], 't')]", True),
+    (False, "configs = [sw.create_config(ref['x'][-5], 't')]", True),
+    (True, "configs = [sw.create_config(ref['x'][-2:], 't')]", False),
+    (False, "configs = [sw.create_config(ref['x'][-1], 't', conditions=[C.step_index() >= 1])]", False),
+])
+def test_cardinality_is_known_where_static(respect, snippet, known):
+    # 3 episodes of exactly 4 stacked steps: with histories across episodes the count is static.
+    data = {"x": np.arange(12, dtype=np.int32).reshape(3, 4), "is_last": np.tile([False] * 3 + [True], (3, 1))}
+    episodes = tf.data.Dataset.from_tensor_slices(data).map(lambda ep: {"steps": ep})
+    spec = transformations.step_spec(episodes)
+    scope = dict(sw=patterns, ref=patterns.create_reference_step(spec), spec=spec, C=patterns.Condition)
+    exec(snippet, scope)  # pylint: disable=exec-used
+    ds = transformations.pattern_map(episodes, scope["configs"], respect)
+    count = len(list(ds))
+    assert int(ds.cardinality()) == (count if known else tf.data.UNKNOWN_CARDINALITY)
+
+
 _SPEC = {"observation": {"pos": tf.TensorSpec([3], tf.float32)}, "reward": tf.TensorSpec([], tf.float32),
          "step": tf.TensorSpec([], tf.int64), "is_last": tf.TensorSpec([], tf.bool)}
 

@@ -212,6 +212,45 @@ class ReverbServicer:
         return self._run_stream(context, self._insert_stream(request_iterator, context))
 
     def _insert_stream(self, request_iterator, context) -> Iterator[bytes]:
+        # Requests are read and applied by a thread of the stream while this generator sends confirmations,
+        # coalescing the keys confirmed meanwhile into one response (as Reverb does): a writer that sends
+        # one item per request does not also pay for one response per request.
+        cv = threading.Condition()
+        state = {"keys": [], "error": None, "done": False}
+
+        def confirm(key: int) -> None:
+            with cv:
+                state["keys"].append(key)
+                cv.notify()
+
+        def read() -> None:
+            try:
+                self._apply_insert_requests(request_iterator, context, confirm)
+            except BaseException as e:  # noqa: BLE001  (handed to the sending side, which reports it)
+                with cv:
+                    state["error"] = e
+            finally:
+                with cv:
+                    state["done"] = True
+                    cv.notify()
+
+        threading.Thread(target=read, name="replay_tf-insert-stream", daemon=True).start()
+        while True:
+            with cv:
+                while not (state["keys"] or state["done"]):
+                    cv.wait(_WAIT_SLICE_MS / 1000.0)
+                    if not context.is_active():
+                        return  # the reader sees the cancelled stream and ends too
+                keys, state["keys"] = state["keys"], []
+                error, done = state["error"], state["done"]
+            if keys:
+                yield reverb_service_pb2.InsertStreamResponse(keys=keys).SerializeToString()
+            if error is not None:
+                raise error
+            if done:
+                return
+
+    def _apply_insert_requests(self, request_iterator, context, confirm) -> None:
         held: dict = {}  # chunk key -> (Chunk, headers): this stream's chunks not yet owned by an item
         try:
             for raw in request_iterator:
@@ -229,13 +268,11 @@ class ReverbServicer:
                     held[chunk.key] = (self._chunk_store.insert(chunk), headers)
                 if not request.items:
                     continue  # keep_chunk_keys only applies to requests with items
-                confirmed: list = []
                 for item_proto in request.items:
                     entry = self._entry(item_proto.table)
                     item = self._item(entry, item_proto, held)
-                    for keys in self._insert(entry.table, item, context, confirmed):
-                        yield keys
-                    confirmed.append(item.key)
+                    self._insert(entry.table, item, context)
+                    confirm(item.key)
                 keep = set(request.keep_chunk_keys)
                 for key in [k for k in held if k not in keep]:
                     del held[key]
@@ -244,8 +281,6 @@ class ReverbServicer:
                     raise _StatusError(grpc.StatusCode.FAILED_PRECONDITION,
                                        f"Kept less chunks than expected: keep_chunk_keys names chunks {missing} "
                                        f"that this stream never received")
-                if confirmed:
-                    yield reverb_service_pb2.InsertStreamResponse(keys=confirmed).SerializeToString()
         finally:
             held.clear()  # chunks no item refers to are freed with the stream
 
@@ -317,8 +352,8 @@ class ReverbServicer:
                                  f"shape={list(got_shape)}")
 
     @staticmethod
-    def _insert(table: table_lib.Table, item, context, confirmed: list) -> Iterator[bytes]:
-        """Inserts `item`, waiting on the rate limiter in slices; yields pending confirmations before waiting."""
+    def _insert(table: table_lib.Table, item, context) -> None:
+        """Inserts `item`, waiting on the rate limiter in slices so that a vanished client is noticed."""
         while True:
             try:
                 table.insert_or_assign(item, timeout_ms=_WAIT_SLICE_MS)
@@ -326,9 +361,6 @@ class ReverbServicer:
             except errors.DeadlineExceededError:
                 if not context.is_active():
                     raise _StatusError(grpc.StatusCode.CANCELLED, "the client closed the stream") from None
-                if confirmed:  # let the writer see what is done while this item waits
-                    yield reverb_service_pb2.InsertStreamResponse(keys=confirmed).SerializeToString()
-                    confirmed.clear()
 
     # --- SampleStream ---
 

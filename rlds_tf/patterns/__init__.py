@@ -1,4 +1,15 @@
-"""The pattern language of Reverb's structured writer, as plain Python objects; see `compile` and `evaluator`."""
+"""The pattern language of Reverb's structured writer, as plain Python objects.
+
+Build: `create_reference_step` / `pattern_from_transform`, `Condition`, `constant_priority_fn` / `td_error`,
+`create_config` (a frozen `StructuredWriterConfig`; `.to_proto()` / `StructuredWriterConfig.from_proto` for
+the wire-compatible `deepmind.reverb.StructuredWriterConfig` in `patterns_pb2`), `infer_signature`.
+
+Run, with one set of rules (`configs.py`) and two executors:
+  - offline: `rlds_tf.transformations.pattern_map` -> `compile.compile_blocks` (a plain tf.data graph);
+  - online: `PatternEvaluator(configs, step_spec).append(flat_step)` / `.end_episode(clear_buffers)`,
+    returning `Item`s (config index, table, priority, per-leaf `NodeSelection`s of absolute step numbers,
+    and the selected data) for a structured writer to turn into trajectory items.
+"""
 from rlds_tf.patterns import patterns_pb2
 from rlds_tf.patterns.conditions import Condition
 from rlds_tf.patterns.conditions import ConditionNode

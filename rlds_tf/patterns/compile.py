@@ -284,11 +284,6 @@ def _lists_to_tuples(nest: Any) -> Any:
     return nest
 
 
-def steps_to_blocks(steps: tf.data.Dataset, block_size: int = DEFAULT_BLOCK_SIZE) -> tf.data.Dataset:
-    """Consecutive steps of a flat steps dataset, stacked `block_size` at a time."""
-    return steps.batch(block_size)
-
-
 def episodes_to_blocks(episodes: tf.data.Dataset, steps_key: str,
                        block_size: int = DEFAULT_BLOCK_SIZE) -> tuple[tf.data.Dataset, Any]:
     """Blocks of steps from a dataset of episodes, and the spec of one step.

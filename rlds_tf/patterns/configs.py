@@ -136,6 +136,16 @@ def _as_condition(condition: Any) -> conditions_lib.ConditionNode:
                     f"{condition!r}; did you forget the comparison?")
 
 
+def _as_node(leaf: Any) -> Any:
+    """A PatternNode from one or from a `deepmind.reverb.PatternNode` proto (other values unchanged)."""
+    if hasattr(leaf, "flat_source_index") and hasattr(leaf, "HasField"):
+        return nodes.PatternNode(leaf.flat_source_index,
+                                 leaf.start if leaf.HasField("start") else None,
+                                 leaf.stop if leaf.HasField("stop") else None,
+                                 leaf.step if leaf.HasField("step") else None)
+    return leaf
+
+
 def create_config(pattern: Any, table: str, conditions: Sequence[Any] = (),
                   priority: Optional[Any] = None) -> StructuredWriterConfig:
     """A config applying `pattern` to `table` when all `conditions` hold.
@@ -151,25 +161,18 @@ def create_config(pattern: Any, table: str, conditions: Sequence[Any] = (),
         conditions.
     """
     structure = nodes.normalize_structure(pattern)
-    flat = tree.flatten(structure)
-    if not flat:
+    if not tree.flatten(structure):
         raise ValueError("the pattern must select at least one value (it has no leaves)")
+    flat = []
     for path, leaf in tree.flatten_with_path(structure):
         if isinstance(leaf, nodes.ReferenceNode):
             raise TypeError(f"pattern leaf at {nodes.path_str(path)} is a whole column; index it with a negative "
                             f"step, e.g. step[...][-1] or step[...][-2:]")
-        if hasattr(leaf, "flat_source_index") and hasattr(leaf, "HasField"):  # a Reverb/our PatternNode proto
-            leaf = nodes.PatternNode(leaf.flat_source_index,
-                                     leaf.start if leaf.HasField("start") else None,
-                                     leaf.stop if leaf.HasField("stop") else None,
-                                     leaf.step if leaf.HasField("step") else None)
+        leaf = _as_node(leaf)
         if not isinstance(leaf, nodes.PatternNode):
             raise TypeError(f"pattern leaf at {nodes.path_str(path)} must be a PatternNode, got {leaf!r}")
         nodes.validate_node(leaf, nodes.path_str(path))
-    flat = [leaf if isinstance(leaf, nodes.PatternNode) else nodes.PatternNode(
-        leaf.flat_source_index, leaf.start if leaf.HasField("start") else None,
-        leaf.stop if leaf.HasField("stop") else None, leaf.step if leaf.HasField("step") else None)
-        for leaf in flat]
+        flat.append(leaf)
     if not isinstance(table, str) or not table:
         raise ValueError(f"table must be a non-empty string, got {table!r}")
     if priority is None:

@@ -18,7 +18,7 @@ import tensorflow as tf
 
 # (batch_size, max_length, number of add_batch calls): before, at and after wrapping, batch_size 1 and > 1.
 SCENARIOS = [(1, 5, 3), (3, 5, 12), (2, 4, 4), (2, 3, 7), (3, 4, 9), (1, 4, 10), (2, 5, 2)]
-DETERMINISTIC_SCENARIOS = (0, 1, 3, 6)
+DETERMINISTIC_SCENARIOS = (1, 6)  # wrapped with batch_size 3; not wrapped with batch_size 2
 SPEC = (tf.TensorSpec([], tf.int64, "value"), {"vec": tf.TensorSpec([2], tf.float32, "vec")})
 
 
@@ -51,8 +51,7 @@ def run_all(RB, emit):
             for drop in (False, True):
                 det = _filled(RB, batch_size, max_length, adds, dataset_window_shift=shift,
                               dataset_drop_remainder=drop)
-                for sbs, num_steps in [(None, None), (None, 2), (None, 3), (2, None), (2, 2),
-                                       (batch_size + 1, None)]:
+                for sbs, num_steps in [(None, None), (None, 2), (2, None), (2, 2), (batch_size + 1, None)]:
                     if True:
                         name = f"{k}/det/shift={shift}/drop={drop}/sbs={sbs}/T={num_steps}"
                         try:
@@ -62,7 +61,7 @@ def run_all(RB, emit):
                         except Exception as e:  # recorded, compared by type
                             elements = f"error:{type(e).__name__}"
                         emit(name, elements)
-        for num_steps in (None, 1, 2, 3):
+        for num_steps in (None, 2, 3):
             name = f"{k}/random/T={num_steps}"
             tf.random.set_seed(k)
             try:
@@ -73,12 +72,14 @@ def run_all(RB, emit):
                 emit(name + "/windows", sorted(set(map(tuple, values.tolist()))))
                 emit(name + "/ids", sorted(set(map(tuple, ids.tolist()))))
                 emit(name + "/probabilities", sorted(set(np.asarray(info.probabilities).round(6).tolist())))
+                if num_steps != 2:  # the other modes once per scenario (each traces new functions)
+                    continue
                 single, single_info = rb.get_next(num_steps=num_steps)
                 emit(name + "/single_shape", list(np.asarray(single[0]).shape))
                 unstacked, unstacked_info = rb.get_next(sample_batch_size=4, num_steps=num_steps,
                                                         time_stacked=False)
                 emit(name + "/unstacked_shapes", [list(np.shape(t)) for t in tf.nest.flatten(unstacked)])
-                ds = rb.as_dataset(num_steps=num_steps).take(300)
+                ds = rb.as_dataset(num_steps=num_steps).take(200)
                 emit(name + "/dataset_windows",
                      sorted(set(tuple(np.asarray(d[0]).reshape(-1).tolist()) for d, _ in ds)))
                 ds = rb.as_dataset(sample_batch_size=5, num_steps=num_steps, num_parallel_calls=2).take(3)

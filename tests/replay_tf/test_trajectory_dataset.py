@@ -149,3 +149,24 @@ def test_dataset_waits_for_data_inserted_from_another_thread():
     values = [int(s.data[0][0]) for s in ds.take(3)]
     assert values == [0, 1, 2]
     server.stop()
+
+
+@pytest.mark.parametrize("batch_size, drop_remainder", [(3, False), (3, True), (8, False), (1, False)])
+def test_batch_matches_generic_batching(batch_size, drop_remainder):
+    server = reverb.Server([reverb.Table.queue("q", 100)])
+    client = reverb.Client(f"localhost:{server.port}")
+    dataset = reverb.TrajectoryDataset(f"localhost:{server.port}", "q", dtypes={"x": tf.int64, "y": tf.float32},
+                                       shapes={"x": tf.TensorShape([1]), "y": tf.TensorShape([1, 2])},
+                                       max_in_flight_samples_per_worker=2, rate_limiter_timeout_ms=50)
+    results = []
+    for batched in (dataset.batch(batch_size, drop_remainder=drop_remainder),
+                    tf.data.Dataset.batch(dataset, batch_size, drop_remainder=drop_remainder)):
+        for i in range(7):
+            client.insert({"x": np.int64(i), "y": np.full([2], i, np.float32)}, priorities={"q": 1.0})
+        results.append([(b.data["x"].numpy().tolist(), b.data["y"].numpy().tolist(),
+                         b.info.times_sampled.numpy().tolist(), b.info.probability.numpy().dtype)
+                        for b in batched])
+    assert results[0] == results[1]
+    assert dataset.batch(batch_size, drop_remainder=drop_remainder).element_spec == tf.data.Dataset.batch(
+        dataset, batch_size, drop_remainder=drop_remainder).element_spec
+    server.stop()

@@ -28,6 +28,12 @@ from replay_tf.trajectory_dataset import TrajectoryDataset
 from replay_tf.trajectory_writer import TrajectoryColumn
 from replay_tf.trajectory_writer import TrajectoryWriter
 
+# --- dataset helpers (replay_tf/datasets.py) ---
+from replay_tf import datasets
+from replay_tf.datasets import make_reverb_dataset
+from replay_tf.datasets import make_reverb_fifo_sampler_dataset
+from replay_tf.datasets import make_reverb_rnn_sequence_fifo_sampler_dataset
+
 __all__ = [
     # --- in-graph buffers ---
     "BufferInfo",
@@ -50,4 +56,9 @@ __all__ = [
     "selectors",
     "structured",
     "structured_writer",
+    # --- dataset helpers ---
+    "datasets",
+    "make_reverb_dataset",
+    "make_reverb_fifo_sampler_dataset",
+    "make_reverb_rnn_sequence_fifo_sampler_dataset",
 ]

@@ -274,7 +274,7 @@ class PrioritizedReplayBuffer(tf.Module):
             f"PrioritizedReplayBuffer: no valid window found in {_MAX_REJECTION_ROUNDS} rounds"))
         starts, segments = _ring.after([check], starts, segments)
         rows = _ring.rows_for(starts, segments, None, max_length, batch_size)
-        probabilities = sum_tree.read_leaves(self._sums, rows) / normalizer
+        probabilities = tf.math.divide_no_nan(sum_tree.read_leaves(self._sums, rows), normalizer)
         return starts, segments, probabilities
 
     def _get_next_impl(self, sample_batch_size, num_steps, time_stacked):
@@ -286,14 +286,17 @@ class PrioritizedReplayBuffer(tf.Module):
         rows = _ring.rows_for(starts, segments, None, buffer.max_length, buffer.batch_size)
         smallest = sum_tree.root(self._mins, "min")
         weights = tf.pow(sum_tree.read_leaves(self._sums, rows) / smallest, -self._beta.read_value())
-        ids_start = starts * buffer.batch_size + segments
+        # ids -1 flag a sample drawn while nothing could be sampled: only reachable under XLA, where the
+        # asserts are compiled out.
+        ids_start = tf.where(probabilities > 0, starts * buffer.batch_size + segments, -1)
         data, info = buffer._package(flat, starts, [probabilities, weights], sample_batch_size, num_steps,
                                      time_stacked, info_type=lambda ids, p, w: (ids, p, w))
         del info  # ids below are item ids, not the uniform buffer's step ids
         if num_steps is None:
             ids = ids_start
         else:
-            ids = ids_start[:, None] + tf.range(num_steps, dtype=tf.int64) * buffer.batch_size
+            ids = tf.where(ids_start[:, None] >= 0,
+                           ids_start[:, None] + tf.range(num_steps, dtype=tf.int64) * buffer.batch_size, -1)
         probabilities, weights = probabilities, weights
         if sample_batch_size is None:
             ids, probabilities, weights = ids[0], probabilities[0], weights[0]

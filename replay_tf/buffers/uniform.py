@@ -5,6 +5,12 @@ Same ring semantics as TF-Agents (which windows are valid, wrap handling, logica
 sample path also compiles with `tf.function(jit_compile=True)`. Storage layout and the lock-free
 reader/writer protocol are described in `_ring.py`.
 
+XLA notes: `gather_all` and the deterministic `as_dataset` have data-dependent shapes and are not XLA
+programs. XLA compiles `tf.debugging` asserts out, so under `jit_compile=True` sampling a buffer with no
+valid window cannot raise; it returns ids -1 and probability 0 instead (check `probabilities > 0`).
+Memory: storage is exactly `capacity * bytes per item` plus three scalars (episode-aware: + 4 bytes per
+step); there is no id table, since ids are computed from the ring position.
+
 >>> import tensorflow as tf
 >>> rb = UniformReplayBuffer(tf.TensorSpec([2], tf.float32), batch_size=2, max_length=3)
 >>> for t in range(4):
@@ -251,6 +257,10 @@ class UniformReplayBuffer(tf.Module):
 
     def _draw(self, n: int, lo, hi, num_steps):
         """Uniform (segment, start) pairs over valid windows; episode-aware: redraws windows that cross."""
+        # hi > lo unless the buffer cannot be sampled (asserted, except under XLA where asserts are
+        # compiled out: keep the draw defined there; the result is flagged by ids -1, probability 0).
+        hi = tf.maximum(hi, lo + 1)
+
         def draw(mask, starts, segments):
             new_starts = tf.random.uniform([n], lo, hi, tf.int64)
             new_segments = tf.random.uniform([n], 0, self._batch_size, tf.int64)
@@ -328,12 +338,16 @@ class UniformReplayBuffer(tf.Module):
 
         flat, starts, _, probs = self._sample_windows(
             n, num_steps, draw_fn, lambda lo, hi: self._assert_can_sample(lo, hi, num_steps))
+        starts = tf.where(probs > 0, starts, -1)  # only reachable under XLA (see _draw)
         return self._package(flat, starts, [probs], sample_batch_size, num_steps, time_stacked)
 
     def _package(self, flat, starts, info_values, sample_batch_size, num_steps, time_stacked,
                  info_type=BufferInfo):
         """Shapes gathered leaves and ids as TF-Agents returns them."""
-        ids = starts if num_steps is None else starts[:, None] + tf.range(num_steps, dtype=tf.int64)
+        if num_steps is None:
+            ids = starts
+        else:  # a flagged start (-1) flags its whole window
+            ids = tf.where(starts[:, None] >= 0, starts[:, None] + tf.range(num_steps, dtype=tf.int64), -1)
         if sample_batch_size is None:
             flat = [t[0] for t in flat]
             ids = ids[0]
@@ -443,9 +457,9 @@ def run_in_graph(owner, name: str, fn: Callable, *args, tensors=()):
     """Runs `fn(*args, *tensors)` in graph mode under `owner`'s device and name scope.
 
     Inside a trace (a user's tf.function, a tf.data function) `fn` is called directly. Eagerly, it runs
-    through a tf.function cached on `owner._functions` per (name, *args): Python arguments pick the
-    trace, tensors are its inputs. A traced Operation result (an add) is dropped: a tf.function cannot
-    return one, and its side effects run all the same.
+    as a ConcreteFunction cached on `owner._functions` per (name, args, tensor dtypes and shapes). A
+    traced Operation result (an add) is dropped: a tf.function cannot return one, and its side effects
+    run all the same.
     """
     if not tf.executing_eagerly():
         with tf.device(owner._device), tf.name_scope(owner._scope):

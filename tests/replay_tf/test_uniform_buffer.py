@@ -438,3 +438,12 @@ def test_end_of_episode_from_step_type_on_trajectory_like_items():
     Trajectory = collections.namedtuple("Trajectory", ["step_type", "observation", "next_step_type"])
     items = Trajectory(tf.constant([1, 2, 0]), tf.zeros([3]), tf.constant([2, 0, 1]))
     np.testing.assert_array_equal(uniform.end_of_episode_from_step_type(items).numpy(), [True, False, False])
+
+
+def test_under_xla_an_impossible_sample_is_flagged_not_garbage():
+    rb = replay_tf.UniformReplayBuffer(SPEC, batch_size=2, max_length=4)
+    prb = replay_tf.PrioritizedReplayBuffer(SPEC, batch_size=2, max_length=4)
+    for buffer in (rb, prb):
+        _, info = tf.function(lambda b=buffer: b.get_next(3, 2), jit_compile=True, autograph=False)()
+        np.testing.assert_array_equal(info.ids.numpy(), -np.ones([3, 2]))
+        np.testing.assert_array_equal(info.probabilities.numpy(), np.zeros([3]))

@@ -190,6 +190,21 @@ def test_evaluator_reports_absolute_steps_and_priorities():
     assert evaluator.append([np.float32(0), np.int32(9)]) == []  # a new episode: the history is cleared
 
 
+def test_many_episodes_keep_their_order():
+    # Episodes are stacked several at a time; empty and one-step episodes included.
+    lengths = np.random.default_rng(3).integers(0, 6, 40)
+    lengths[[0, 7, 8]] = 0
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    total = int(lengths.sum())
+    data = {"x": np.arange(total, dtype=np.int32),
+            "is_last": np.concatenate([[i == n - 1 for i in range(n)] for n in lengths]).astype(bool)}
+    episodes = tf.data.Dataset.from_tensor_slices((starts, lengths.astype(np.int64))).map(
+        lambda s, n: {"steps": tf.data.Dataset.from_tensor_slices(data).skip(s).take(n)})
+    ref = patterns.create_reference_step(transformations.step_spec(episodes))
+    out = transformations.pattern_map(episodes, [patterns.create_config(ref["x"][-1], "t")])
+    assert [int(x) for x in out] == list(range(total))
+
+
 def test_iterator_is_checkpointable(tmp_path):
     configs = _configs("configs = [sw.create_config(ref['x'][-3:], 't', conditions=[C.steps_since_applied() >= 2])]")
     ds = transformations.pattern_map(_episodes(), configs)

@@ -8,7 +8,10 @@ The same code runs here (`import replay_tf as reverb`) and in the peer venv (`im
 """
 from __future__ import annotations
 
+import json
 import os
+import pathlib
+import subprocess
 import sys
 
 from benchmarks import _harness
@@ -62,31 +65,40 @@ def run_case(spec_name, sampler_name, num_steps, num_batches):
     server.stop()
     return insert_rate, best, memory_per_byte
 
-for spec_name, num_batches in [('small', 60), ('atari', 12)]:
-    for sampler_name in ['uniform', 'prioritized']:
-        insert_rate, sample_rate, memory_per_byte = run_case(spec_name, sampler_name, NUM_STEPS, num_batches)
-        emit(f'{spec_name}/{sampler_name}/insert', insert_rate)
-        emit(f'{spec_name}/{sampler_name}/sample', sample_rate)
-        emit(f'{spec_name}/{sampler_name}/memory', memory_per_byte)
+for spec_name, sampler_name in CASES:
+    num_batches = 60 if spec_name == 'small' else 12
+    insert_rate, sample_rate, memory_per_byte = run_case(spec_name, sampler_name, NUM_STEPS, num_batches)
+    emit(f'{spec_name}/{sampler_name}/insert', insert_rate)
+    emit(f'{spec_name}/{sampler_name}/sample', sample_rate)
+    emit(f'{spec_name}/{sampler_name}/memory', memory_per_byte)
 '''
 
+# Each case runs in a fresh process, so that the memory figure is not blurred by the previous case's frees.
+CASES = [("small", "uniform"), ("small", "prioritized"), ("atari", "uniform"), ("atari", "prioritized")]
 
-def _run_ours() -> dict:
-    import replay_tf as reverb  # noqa: F401  (used by WORKLOAD)
 
-    out: dict = {}
-    scope = {"reverb": reverb, "os": os, "NUM_STEPS": NUM_STEPS, "emit": out.__setitem__}
-    exec(WORKLOAD, scope)  # noqa: S102  (our own benchmark code)
-    return out
+def _run_ours(case) -> dict:
+    code = ("import json, os\nimport replay_tf as reverb\n_out = {}\nemit = _out.__setitem__\n"
+            f"NUM_STEPS = {NUM_STEPS}\nCASES = [{tuple(case)!r}]\n" + WORKLOAD
+            + "\nprint('RESULT ' + json.dumps(_out))\n")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=1800,
+                          cwd=str(pathlib.Path(__file__).resolve().parent.parent))
+    if proc.returncode != 0:
+        raise RuntimeError(f"benchmark case {case} failed:\n{proc.stderr[-4000:]}")
+    line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")][-1]
+    return json.loads(line[len("RESULT "):])
 
 
 def main() -> None:
-    ours = _run_ours()
     peer = _harness.peer()
-    theirs = {}
-    if peer is not None:
-        theirs = peer.run("import os, reverb\nNUM_STEPS = INPUTS['num_steps']\n" + WORKLOAD,
-                          {"num_steps": NUM_STEPS}, timeout_s=1800)
+    ours, theirs = {}, {}
+    for case in CASES:
+        ours.update(_run_ours(case))
+        if peer is not None:
+            theirs.update(peer.run("import os, reverb\nNUM_STEPS = INPUTS['num_steps']\n"
+                                   "CASES = [tuple(INPUTS['case'])]\n" + WORKLOAD,
+                                   {"num_steps": NUM_STEPS, "case": list(case)}, timeout_s=1800))
     rows = []
     for key in ours:
         spec_name, sampler_name, metric = key.split("/")

@@ -225,17 +225,21 @@ class TrajectoryDataset(dataset_ops.DatasetV2):
 
     def _stack(self, samples: list) -> ReplaySample:
         """One `ReplaySample` of arrays stacked along a new leading axis (fully defined shapes only)."""
-        per_item = [s.item.column_arrays() for s in samples]
-        self._check_columns(per_item[0])
+        items = [s.item for s in samples]
+        per_item = None
         data = []
         for i, (dtype, shape) in enumerate(zip(self._column_dtypes, self._column_shapes)):
             out = _aligned_empty((len(samples), *shape.as_list()), _numpy_dtype(dtype))
-            try:
-                np.stack([cols[i] for cols in per_item], out=out, casting="no")
-            except (ValueError, TypeError):  # some item has another dtype or shape: name it
-                for cols in per_item:
-                    self._check_columns(cols)
-                raise
+            if not _gather_column(items, i, out):
+                if per_item is None:
+                    per_item = [item.column_arrays() for item in items]
+                    self._check_columns(per_item[0])
+                try:
+                    np.stack([cols[i] for cols in per_item], out=out, casting="no")
+                except (ValueError, TypeError):  # some item has another dtype or shape: name it
+                    for cols in per_item:
+                        self._check_columns(cols)
+                    raise
             data.append(out)
         return ReplaySample(_info_arrays(samples), tree.unflatten_as(self._data_structure, data))
 
@@ -287,3 +291,45 @@ def _aligned_empty(shape: tuple, dtype: np.dtype, alignment: int = 64) -> np.nda
     buffer = np.empty(nbytes + alignment, np.uint8)
     offset = (-buffer.ctypes.data) % alignment
     return buffer[offset:offset + nbytes].view(dtype).reshape(shape)
+
+
+def _gather_column(items: list, i: int, out: np.ndarray) -> bool:
+    """Fills `out[k]` with column `i` of `items[k]` by one fancy-index gather per chunk tensor.
+
+    Only for columns that are one slice per item whose dtype and shape match `out` exactly; returns False
+    (leaving `out` partly written) otherwise, and the caller stacks item by item, with precise errors.
+    """
+    groups: dict = {}
+    length = out.shape[1] if out.ndim > 1 else None
+    spanning = []  # items whose column spans several chunks: concatenated one by one
+    for position, item in enumerate(items):
+        col = item._columns[i]  # (squeeze, chunk, index, start, stop) for a one-slice column
+        if len(col) != 5:
+            spanning.append(position)
+            continue
+        group = groups.get((id(col[1]), col[2], col[0]))
+        if group is None:
+            group = groups[(id(col[1]), col[2], col[0])] = (col[1], col[2], col[0], [], [], [])
+        group[3].append(position)
+        group[4].append(col[3])
+        group[5].append(col[4] - col[3])
+    for chunk, index, squeeze, positions, starts, lengths in groups.values():
+        tensor = chunk.tensors[index]
+        if tensor.dtype != out.dtype:
+            return False
+        starts = np.asarray(starts)
+        if squeeze:
+            if tensor.shape[1:] != out.shape[1:]:
+                return False
+            out[positions] = tensor[starts]
+        else:
+            if length is None or tensor.shape[1:] != out.shape[2:] or any(n != length for n in lengths):
+                return False
+            # rows start, start + 1, ..., start + length - 1 of every sampled item, in one gather
+            out[positions] = tensor[starts[:, np.newaxis] + np.arange(length)]
+    for position in spanning:
+        value = items[position].column_arrays()[i]
+        if value.dtype != out.dtype or value.shape != out.shape[1:]:
+            return False
+        out[position] = value
+    return True

@@ -126,6 +126,7 @@ class Table:
         self._episode_refs: dict = {}
         self._num_deleted_episodes = 0
         self._num_unique_samples = 0
+        self._num_waiting = 0
         self._closed = False
 
     # --- constructors (Reverb's) ---
@@ -272,7 +273,8 @@ class Table:
             if len(self._items) > self._max_size:
                 victim, _ = self._remover.sample()
                 self._delete_locked(victim)
-            self._sample_cv.notify_all()
+            if self._num_waiting:
+                self._sample_cv.notify_all()
             return True
 
     def mutate_items(self, updates: Iterable[tuple] = (), deletes: Iterable[int] = ()) -> None:
@@ -358,7 +360,8 @@ class Table:
                     rate_limited = False
                     if 0 < self._max_times_sampled <= item.times_sampled:
                         self._delete_locked(item)
-            self._insert_cv.notify_all()
+            if self._num_waiting:
+                self._insert_cv.notify_all()
             return out
 
     # --- checkpointing support ---
@@ -405,17 +408,21 @@ class Table:
             raise errors.CancelledError(f"Table '{self._name}' has been closed (its server was stopped).")
 
     def _wait(self, cv: threading.Condition, admitted, deadline: Optional[float]) -> None:
-        while True:
-            self._check_open()
-            if admitted():
-                return
-            if deadline is None:
-                cv.wait()
-            else:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise errors.rate_limiter_timeout()
-                cv.wait(remaining)
+        self._num_waiting += 1  # lets the hot paths skip notify_all when nobody waits
+        try:
+            while True:
+                self._check_open()
+                if admitted():
+                    return
+                if deadline is None:
+                    cv.wait()
+                else:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise errors.rate_limiter_timeout()
+                    cv.wait(remaining)
+        finally:
+            self._num_waiting -= 1
 
     def _update_locked(self, item: Item, priority: float) -> None:
         item.priority = priority

@@ -1,0 +1,293 @@
+"""`replay-tf`: command line for replay_tf. `replay-tf serve` runs a standalone replay server from a table config.
+
+The config is JSON or YAML (YAML needs PyYAML)::
+
+    port: 8000                   # optional; --port wins
+    tables:
+      - name: replay
+        sampler: {prioritized: {priority_exponent: 0.8}}   # uniform | fifo | lifo | max_heap | min_heap
+        remover: fifo
+        max_size: 100000
+        max_times_sampled: 0     # optional
+        rate_limiter: {sample_to_insert_ratio: {samples_per_insert: 4.0, min_size_to_sample: 100,
+                                                error_buffer: 50}}       # or {min_size: 1}
+        signature:               # optional; leaves are {shape: [...], dtype: ...}
+          observation: {shape: [10, 5], dtype: float32}
+          action: {shape: [], dtype: int64}
+      - name: actions
+        queue: 1000              # Table.queue(name, 1000); `stack: N` for Table.stack
+
+Then ``replay-tf serve --config tables.yaml --port 8000`` serves the tables (Reverb's gRPC protocol: dm-reverb
+clients and `replay_tf.Client` connect to ``host:port``) and prints per-table statistics every
+``--stats-interval`` seconds. With ``--checkpoint-dir`` the newest checkpoint there is restored at start and a
+checkpoint is written on exit (and every ``--checkpoint-interval`` seconds). Ctrl-C (or SIGTERM) stops cleanly.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+_SELECTORS = ("uniform", "prioritized", "fifo", "lifo", "max_heap", "min_heap")
+_RATE_LIMITERS = ("min_size", "sample_to_insert_ratio", "queue", "stack")
+_TABLE_KEYS = ("name", "sampler", "remover", "max_size", "rate_limiter", "max_times_sampled", "signature",
+               "queue", "stack")
+
+
+class ConfigError(ValueError):
+    """The table config is invalid; the message names the path of the offending entry."""
+
+
+def load_config(path: str) -> Dict[str, Any]:
+    """Reads a JSON (`.json`) or YAML (anything else; needs PyYAML) table config file."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    if path.endswith(".json"):
+        try:
+            config = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{path}: not valid JSON: {e}") from e
+    else:
+        try:
+            import yaml  # noqa: PLC0415  (optional: only YAML configs need it)
+        except ImportError as e:
+            raise ConfigError(f"{path}: reading YAML needs PyYAML (pip install pyyaml), or write the config as "
+                              f"JSON (a .json file)") from e
+        try:
+            config = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path}: not valid YAML: {e}") from e
+    if isinstance(config, list):
+        config = {"tables": config}
+    if not isinstance(config, dict):
+        raise ConfigError(f"{path}: the config must be a mapping with a 'tables' list, got {type(config).__name__}")
+    return config
+
+
+def _one_key(value: Any, where: str, known: Sequence[str]) -> tuple:
+    """`'fifo'` -> ('fifo', {}); `{'prioritized': {...}}` -> ('prioritized', {...})."""
+    if isinstance(value, str):
+        name, args = value, {}
+    elif isinstance(value, Mapping) and len(value) == 1:
+        [(name, args)] = value.items()
+        args = {} if args is None else args
+    else:
+        raise ConfigError(f"{where}: expected one of {list(known)} as a string or a one-key mapping, got {value!r}")
+    if name not in known:
+        raise ConfigError(f"{where}: unknown {name!r}; known: {list(known)}")
+    if not isinstance(args, Mapping):
+        raise ConfigError(f"{where}.{name}: arguments must be a mapping, got {args!r}")
+    return name, dict(args)
+
+
+def _selector(value: Any, where: str):
+    from replay_tf import selectors  # noqa: PLC0415
+
+    name, args = _one_key(value, where, _SELECTORS)
+    cls = {"uniform": selectors.Uniform, "prioritized": selectors.Prioritized, "fifo": selectors.Fifo,
+           "lifo": selectors.Lifo, "max_heap": selectors.MaxHeap, "min_heap": selectors.MinHeap}[name]
+    try:
+        return cls(**args)
+    except TypeError as e:
+        raise ConfigError(f"{where}.{name}: {e}") from e
+
+
+def _rate_limiter(value: Any, where: str):
+    from replay_tf import rate_limiters  # noqa: PLC0415
+
+    if isinstance(value, Mapping) and len(value) == 1:
+        [(key, argument)] = value.items()
+        if isinstance(argument, (int, float)) and not isinstance(argument, bool):  # {min_size: 1}, {queue: 10}
+            value = {key: {"min_size_to_sample" if key == "min_size" else "size": argument}}
+    name, args = _one_key(value, where, _RATE_LIMITERS)
+    cls = {"min_size": rate_limiters.MinSize, "sample_to_insert_ratio": rate_limiters.SampleToInsertRatio,
+           "queue": rate_limiters.Queue, "stack": rate_limiters.Stack}[name]
+    try:
+        return cls(**args)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{where}.{name}: {e}") from e
+
+
+def _signature(value: Any, where: str):
+    """Nests of mappings/lists whose leaves are `{shape: [...], dtype: ...}` -> nests of `tf.TensorSpec`."""
+    import tensorflow as tf  # noqa: PLC0415
+
+    if isinstance(value, Mapping) and "dtype" in value and set(value) <= {"shape", "dtype", "name"}:
+        try:
+            return tf.TensorSpec(value.get("shape", []), tf.as_dtype(value["dtype"]), name=value.get("name"))
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"{where}: invalid tensor spec {dict(value)}: {e}") from e
+    if isinstance(value, Mapping):
+        return {str(k): _signature(v, f"{where}.{k}") for k, v in value.items()}
+    if isinstance(value, list):
+        return tuple(_signature(v, f"{where}[{i}]") for i, v in enumerate(value))
+    raise ConfigError(f"{where}: expected a {{shape, dtype}} leaf, a mapping or a list, got {value!r}")
+
+
+def build_tables(config: Mapping[str, Any]) -> List[Any]:
+    """The `replay_tf.Table`s a config describes (see the module docstring).
+
+    Raises:
+      ConfigError: with the path of the bad entry (`tables[1].rate_limiter.min_size: ...`).
+    """
+    import replay_tf  # noqa: PLC0415
+
+    tables = config.get("tables")
+    if not isinstance(tables, list) or not tables:
+        raise ConfigError(f"the config needs a non-empty 'tables' list, got {tables!r}")
+    result = []
+    for i, entry in enumerate(tables):
+        where = f"tables[{i}]"
+        if not isinstance(entry, Mapping):
+            raise ConfigError(f"{where}: expected a mapping, got {entry!r}")
+        unknown = sorted(set(entry) - set(_TABLE_KEYS))
+        if unknown:
+            raise ConfigError(f"{where}: unknown keys {unknown}; known: {list(_TABLE_KEYS)}")
+        name = entry.get("name")
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"{where}.name: a non-empty table name is required, got {name!r}")
+        signature = _signature(entry["signature"], f"{where}.signature") if "signature" in entry else None
+        try:
+            for shortcut in ("queue", "stack"):
+                if shortcut in entry:
+                    clashes = sorted(set(entry) - {"name", "signature", shortcut})
+                    if clashes:
+                        raise ConfigError(f"{where}: '{shortcut}' sets the selectors and rate limiter itself; "
+                                          f"remove {clashes}")
+                    make = replay_tf.Table.queue if shortcut == "queue" else replay_tf.Table.stack
+                    result.append(make(name, int(entry[shortcut]), signature=signature))
+                    break
+            else:
+                missing = [k for k in ("sampler", "remover", "max_size", "rate_limiter") if k not in entry]
+                if missing:
+                    raise ConfigError(f"{where}: missing {missing} (or use 'queue: N' / 'stack: N')")
+                result.append(replay_tf.Table(
+                    name, sampler=_selector(entry["sampler"], f"{where}.sampler"),
+                    remover=_selector(entry["remover"], f"{where}.remover"), max_size=int(entry["max_size"]),
+                    rate_limiter=_rate_limiter(entry["rate_limiter"], f"{where}.rate_limiter"),
+                    max_times_sampled=int(entry.get("max_times_sampled", 0)), signature=signature))
+        except ConfigError:
+            raise
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"{where} ({name}): {e}") from e
+    return result
+
+
+class StatsReporter:
+    """Per-table size and insert/sample rates between two `report()` calls."""
+
+    def __init__(self, server):
+        self._server = server
+        self._last_time = time.monotonic()
+        self._last = self._counts()
+
+    def _counts(self) -> Dict[str, tuple]:
+        counts = {}
+        for name, table in sorted(self._server.tables.items()):
+            info = table.info
+            limiter = info.rate_limiter_info
+            counts[name] = (info.current_size, info.max_size, limiter.insert_stats.completed,
+                            limiter.sample_stats.completed)
+        return counts
+
+    def report(self) -> List[str]:
+        now = time.monotonic()
+        counts = self._counts()
+        elapsed = max(now - self._last_time, 1e-9)
+        lines = []
+        for name, (size, max_size, inserts, samples) in counts.items():
+            _, _, last_inserts, last_samples = self._last.get(name, (0, 0, 0, 0))
+            lines.append(f"table {name}: size {size}/{max_size}, inserts {inserts} "
+                         f"({(inserts - last_inserts) / elapsed:.1f}/s), samples {samples} "
+                         f"({(samples - last_samples) / elapsed:.1f}/s)")
+        self._last, self._last_time = counts, now
+        return lines
+
+
+def serve(args: argparse.Namespace) -> int:
+    from replay_tf import Server  # noqa: PLC0415  (imports TF: after argument parsing)
+    from replay_tf.core.checkpointing import DirectoryCheckpointer  # noqa: PLC0415
+
+    try:
+        config = load_config(args.config)
+        tables = build_tables(config)
+    except (ConfigError, OSError) as e:
+        print(f"replay-tf serve: {e}", file=sys.stderr)
+        return 2
+    port = args.port if args.port is not None else config.get("port")
+    host = args.host or config.get("host") or "localhost"
+    checkpoint_dir = args.checkpoint_dir or config.get("checkpoint_dir")
+    checkpointer = DirectoryCheckpointer(checkpoint_dir) if checkpoint_dir else None
+    try:
+        server = Server(tables, port=port, checkpointer=checkpointer, host=host)
+    except (ValueError, OSError) as e:
+        print(f"replay-tf serve: cannot start the server: {e}", file=sys.stderr)
+        return 1
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        restored = {name: table.size() for name, table in server.tables.items() if table.size()}
+        print(f"replay-tf: serving tables {sorted(server.tables)} on {host}:{server.port}"
+              + (f" (restored from {checkpoint_dir}: {restored})" if restored else ""), flush=True)
+        reporter = StatsReporter(server)
+        next_checkpoint = (time.monotonic() + args.checkpoint_interval
+                           if checkpointer and args.checkpoint_interval else None)
+        while not stop.wait(args.stats_interval):
+            for line in reporter.report():
+                print(line, flush=True)
+            if next_checkpoint is not None and time.monotonic() >= next_checkpoint:
+                print(f"checkpoint: {server.checkpoint()}", flush=True)
+                next_checkpoint = time.monotonic() + args.checkpoint_interval
+        print("replay-tf: stopping", flush=True)
+        if checkpointer is not None:
+            print(f"checkpoint: {server.checkpoint()}", flush=True)
+    finally:
+        server.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    print("replay-tf: stopped", flush=True)
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="replay-tf", description="replay_tf command line: run a standalone Reverb-compatible replay server.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    serve_parser = commands.add_parser(
+        "serve", help="serve replay tables from a JSON/YAML config",
+        description=__doc__.split("\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    serve_parser.add_argument("--config", required=True, help="tables config file (.json, or YAML otherwise)")
+    serve_parser.add_argument("--host", default=None,
+                              help="interface to bind (default localhost; 0.0.0.0 serves every interface, "
+                                   "without authentication)")
+    serve_parser.add_argument("--port", type=int, default=None, help="port (default: the config's, else a free one)")
+    serve_parser.add_argument("--checkpoint-dir", default=None,
+                              help="restore the newest checkpoint from here at start; checkpoint here on exit")
+    serve_parser.add_argument("--checkpoint-interval", type=float, default=None, metavar="SECONDS",
+                              help="also checkpoint every SECONDS (needs --checkpoint-dir)")
+    serve_parser.add_argument("--stats-interval", type=float, default=5.0, metavar="SECONDS",
+                              help="print per-table statistics every SECONDS (default 5)")
+    serve_parser.set_defaults(run=serve)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point of the `replay-tf` console script."""
+    args = _parser().parse_args(argv)
+    if args.stats_interval <= 0:
+        print(f"replay-tf serve: --stats-interval ({args.stats_interval}) must be > 0", file=sys.stderr)
+        return 2
+    if args.checkpoint_interval is not None and not args.checkpoint_dir:
+        print("replay-tf serve: --checkpoint-interval needs --checkpoint-dir", file=sys.stderr)
+        return 2
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

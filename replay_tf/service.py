@@ -113,8 +113,10 @@ class ReverbServicer:
         self._chunk_store = getattr(server, "chunk_store", None) or chunk_store_lib.ChunkStore()
         state_id = int(getattr(server, "tables_state_id", 0))
         self._tables_state_id = schema_pb2.Uint128(high=state_id >> 64, low=state_id & ((1 << 64) - 1))
-        # Serialized FlatTrajectory per item, built on its first sample (items are immutable but for priority).
+        # Serialized unchanging fields of each sampled item (key, table, inserted_at, flat trajectory), and the
+        # `SampleEntry.data` tag and length of each sampled chunk, built on first use.
         self._trajectories: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+        self._chunk_heads: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
         self._trajectories_lock = threading.Lock()
 
     # --- helpers ---
@@ -405,32 +407,44 @@ class ReverbServicer:
                 batch[0] = batch[0]._replace(rate_limited=True)
             return batch
 
-    def _trajectory(self, item) -> bytes:
-        serialized = self._trajectories.get(item)
-        if serialized is None:
-            serialized = codec.trajectory_to_proto(item.trajectory).SerializeToString()
+    def _item_prefix(self, entry: _TableEntry, item) -> bytes:
+        """Serialized key, table, inserted_at and flat trajectory of an item (cached: they never change)."""
+        prefix = self._trajectories.get(item)
+        if prefix is None:
+            trajectory = codec.trajectory_to_proto(item.trajectory).SerializeToString()
+            prefix = _raw.item_prefix(item.key, entry.table_field, item.inserted_at, trajectory)
             with self._trajectories_lock:
-                self._trajectories[item] = serialized
-        return serialized
+                self._trajectories[item] = prefix
+        return prefix
+
+    def _chunk_fields(self, item) -> list:
+        fields = []
+        for chunk in item.chunks.values():
+            cached = self._chunk_heads.get(chunk)
+            serialized = codec.serialized_chunk(chunk)
+            if cached is None or cached[1] is not serialized:
+                cached = _raw.chunk_field(serialized)
+                self._chunk_heads[chunk] = cached
+            fields.append(cached)
+        return fields
 
     def _responses(self, entry: _TableEntry, batch: list) -> Iterator[bytes]:
         parts, size = [], 0
         for sampled in batch:
             item = sampled.item
-            info = _raw.sample_info(item.key, entry.table_field, sampled.priority, sampled.times_sampled,
-                                    item.inserted_at, self._trajectory(item), sampled.probability,
-                                    sampled.table_size, sampled.rate_limited)
-            chunks = [codec.serialized_chunk(chunk) for chunk in item.chunks.values()]
+            info = _raw.sample_info(self._item_prefix(entry, item), sampled.priority, sampled.times_sampled,
+                                    sampled.probability, sampled.table_size, sampled.rate_limited)
             # One entry per sample unless the response would grow past the target: then the sample
             # continues in the next response, in entries without info.
             pending: list = []
-            for chunk in chunks:
-                if pending and size + len(chunk) > _RESPONSE_TARGET_BYTES:
+            for field in self._chunk_fields(item):
+                chunk_size = len(field[1])
+                if pending and size + chunk_size > _RESPONSE_TARGET_BYTES:
                     parts.append(_raw.entry(info, pending, False))
                     yield b"".join(parts)
                     parts, size, info, pending = [], 0, None, []
-                pending.append(chunk)
-                size += len(chunk)
+                pending.append(field)
+                size += chunk_size
             parts.append(_raw.entry(info, pending, True))
             size += 64
             if size >= _RESPONSE_TARGET_BYTES:

@@ -27,12 +27,19 @@ _TAG_ITEM_INSERTED_AT = b"\x3a"    # PrioritizedItem.inserted_at = 7
 _TAG_ITEM_TRAJECTORY = b"\x42"     # PrioritizedItem.flat_trajectory = 8
 
 
+_ONE_BYTE = [bytes((i,)) for i in range(128)]
+
+
 def varint(value: int) -> bytes:
     """Protobuf varint of a non-negative int (negative int32/int64 are written as 10-byte two's complement)."""
-    if value < 0:
-        value += 1 << 64
     if value < 0x80:
-        return bytes((value,))
+        if value >= 0:
+            return _ONE_BYTE[value]
+        value += 1 << 64
+    if value < 0x4000:
+        return bytes(((value & 0x7F) | 0x80, value >> 7))
+    if value < 0x200000:
+        return bytes(((value & 0x7F) | 0x80, ((value >> 7) & 0x7F) | 0x80, value >> 14))
     out = bytearray()
     while value > 0x7F:
         out.append((value & 0x7F) | 0x80)
@@ -56,19 +63,26 @@ def timestamp(nanoseconds: int) -> bytes:
     return out
 
 
-def sample_info(key: int, table_field: bytes, priority: float, times_sampled: int, inserted_at_ns: int,
-                trajectory: bytes, probability: float, table_size: int, rate_limited: bool) -> bytes:
-    """A serialized `SampleInfo` whose item has the given fields (`table_field`: tag, length and name)."""
-    item = [_TAG_ITEM_KEY, varint(key), table_field]
+def item_prefix(key: int, table_field: bytes, inserted_at_ns: int, trajectory: bytes) -> bytes:
+    """The fields of a sampled `PrioritizedItem` that never change: key, table, inserted_at, trajectory."""
+    parts = [_TAG_ITEM_KEY, varint(key), table_field]
+    if inserted_at_ns:
+        parts.append(length_delimited(_TAG_ITEM_INSERTED_AT, timestamp(inserted_at_ns)))
+    if trajectory:
+        parts.append(length_delimited(_TAG_ITEM_TRAJECTORY, trajectory))
+    return b"".join(parts)
+
+
+def sample_info(prefix: bytes, priority: float, times_sampled: int, probability: float, table_size: int,
+                rate_limited: bool) -> bytes:
+    """A serialized `SampleInfo` whose item is `prefix` (from `item_prefix`) plus priority and times_sampled."""
+    item = [prefix]
     if priority:
         item += [_TAG_ITEM_PRIORITY, _DOUBLE.pack(priority)]
     if times_sampled:
         item += [_TAG_ITEM_TIMES_SAMPLED, varint(times_sampled)]
-    if inserted_at_ns:
-        item.append(length_delimited(_TAG_ITEM_INSERTED_AT, timestamp(inserted_at_ns)))
-    if trajectory:
-        item.append(length_delimited(_TAG_ITEM_TRAJECTORY, trajectory))
-    out = [length_delimited(_TAG_INFO_ITEM, b"".join(item))]
+    item = b"".join(item)
+    out = [_TAG_INFO_ITEM, varint(len(item)), item]
     if probability:
         out += [_TAG_INFO_PROBABILITY, _DOUBLE.pack(probability)]
     if table_size:
@@ -78,18 +92,26 @@ def sample_info(key: int, table_field: bytes, priority: float, times_sampled: in
     return b"".join(out)
 
 
+def chunk_field(chunk: bytes) -> tuple:
+    """`(tag and length, chunk)` of a `SampleEntry.data` element."""
+    return _TAG_ENTRY_DATA + varint(len(chunk)), chunk
+
+
 def table_field(name: str) -> bytes:
     """`PrioritizedItem.table` set to `name`, serialized (tag, length, UTF-8)."""
     return length_delimited(_TAG_ITEM_TABLE, name.encode())
 
 
-def entry(info: bytes | None, chunks: list, end_of_sequence: bool) -> bytes:
-    """A serialized `SampleStreamResponse.entries` element (tag and length included)."""
-    parts = [length_delimited(_TAG_ENTRY_INFO, info)] if info is not None else []
-    for chunk in chunks:
-        parts.append(_TAG_ENTRY_DATA)
-        parts.append(varint(len(chunk)))
+def entry(info: bytes | None, chunk_fields: list, end_of_sequence: bool) -> bytes:
+    """A serialized `SampleStreamResponse.entries` element (tag and length included).
+
+    `chunk_fields` are `chunk_field` pairs.
+    """
+    parts = [_TAG_ENTRY_INFO, varint(len(info)), info] if info is not None else []
+    for head, chunk in chunk_fields:
+        parts.append(head)
         parts.append(chunk)
     if end_of_sequence:
         parts.append(_END_OF_SEQUENCE)
-    return length_delimited(_TAG_ENTRIES, b"".join(parts))
+    body = b"".join(parts)
+    return b"".join((_TAG_ENTRIES, varint(len(body)), body))

@@ -34,7 +34,10 @@ setuptools.setup(
         "gym": ["gymnasium"],
         "array_record": ["array_record"],
     },
-    entry_points={"console_scripts": []},
+    entry_points={"console_scripts": [
+        "rlds-tf=rlds_tf.cli:main",
+        "replay-tf=replay_tf.cli:main",
+    ]},
     classifiers=[
         "Programming Language :: Python :: 3",
         "Programming Language :: Python :: 3.10",

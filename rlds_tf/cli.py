@@ -1,0 +1,261 @@
+"""`rlds-tf`: command line for RLDS datasets.
+
+  rlds-tf info DIR_OR_NAME [--split train] [--max-episodes N] [--plot returns.png] [--json]
+      episodes and steps per split, the step and episode fields (dtype, shape), statistics of episode
+      returns (sum of rewards) and lengths; `--plot` draws both per episode (needs matplotlib).
+  rlds-tf convert SRC DST --format array_record|tfrecord [--max-episodes-per-file N]
+      rewrites a dataset in the other on-disk format (same features, splits and episodes, in order).
+
+DIR_OR_NAME is a dataset directory (the one holding dataset_info.json, e.g. what `rlds_tf.EnvLogger` wrote)
+or a registered TFDS name such as `d4rl_mujoco_hopper/v2-medium` (then `--data-dir` is TFDS's data dir).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+
+_FORMATS = ("tfrecord", "array_record")
+
+
+def _describe_features(feature) -> Dict[str, str]:
+    """`{'observation': 'float32[10, 5]', 'meta/x': ...}` for a TFDS features dict (nested paths joined by /)."""
+    import tensorflow as tf  # noqa: PLC0415
+    import tree  # noqa: PLC0415
+
+    signature = feature.get_tensor_info()
+    out = {}
+    for path, info in tree.flatten_with_path(signature):
+        dtype = getattr(info, "tf_dtype", None) or info.dtype  # TFDS >= 4.9.5 deprecates .dtype
+        out["/".join(str(p) for p in path)] = f"{tf.as_dtype(dtype).name}{list(info.shape)}"
+    return out
+
+
+def _stats(values: np.ndarray) -> Dict[str, Any]:
+    if values.size == 0:
+        return {"count": 0}
+    return {"count": int(values.shape[0]), "mean": values.mean(axis=0).tolist(), "std": values.std(axis=0).tolist(),
+            "min": values.min(axis=0).tolist(), "max": values.max(axis=0).tolist()}
+
+
+def dataset_summary(name_or_dir: str, *, split: Optional[str] = None, data_dir: Optional[str] = None,
+                    max_episodes: Optional[int] = None) -> Dict[str, Any]:
+    """What `rlds-tf info` prints, as a dict (also `--json`): metadata, fields, per-split statistics.
+
+    Per split: `episodes` and `steps` counted from the data (the first `max_episodes` if set), `returns`
+    (per-episode sums of rewards) and `lengths`, with `{count, mean, std, min, max}` statistics.
+    """
+    import tensorflow_datasets as tfds  # noqa: PLC0415
+
+    from rlds_tf import loading  # noqa: PLC0415
+    from rlds_tf import rlds_types  # noqa: PLC0415
+
+    builder = loading.builder(name_or_dir, data_dir=data_dir)
+    features = builder.info.features
+    splits = [split] if split else sorted(builder.info.splits.keys())
+    summary = {
+        "name": builder.info.name,
+        "version": str(builder.info.version),
+        "directory": os.fspath(builder.data_dir),
+        "file_format": builder.info.file_format.value if builder.info.file_format else "tfrecord",
+        "step_fields": _describe_features(features[rlds_types.STEPS].feature),
+        "episode_fields": {k: v for k, v in _describe_features(
+            tfds.features.FeaturesDict({k: features[k] for k in features.keys() if k != rlds_types.STEPS})).items()},
+        "splits": {},
+    }
+    for split_name in splits:
+        episodes = loading.load_stacked(name_or_dir, split_name, data_dir=data_dir)
+        if max_episodes is not None:
+            episodes = episodes.take(max_episodes)
+        episodes = episodes.map(lambda e: e[rlds_types.STEPS][rlds_types.REWARD])
+        returns, lengths = [], []
+        for rewards in tfds.as_numpy(episodes):
+            rewards = np.asarray(rewards, dtype=np.float64)
+            lengths.append(rewards.shape[0])
+            returns.append(rewards.sum(axis=0))
+        returns_array = np.asarray(returns, dtype=np.float64)
+        lengths_array = np.asarray(lengths, dtype=np.int64)
+        summary["splits"][split_name] = {
+            "episodes": len(lengths), "steps": int(lengths_array.sum()),
+            "episodes_in_metadata": int(builder.info.splits[split_name].num_examples),
+            "returns": _stats(returns_array), "lengths": _stats(lengths_array.astype(np.float64)),
+            "_returns": returns_array, "_lengths": lengths_array,
+        }
+    return summary
+
+
+def _format_number(value: Any) -> str:
+    if isinstance(value, list):
+        return "[" + ", ".join(_format_number(v) for v in value) + "]"
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _print_summary(summary: Dict[str, Any]) -> None:
+    print(f"dataset: {summary['name']} {summary['version']} ({summary['file_format']})")
+    print(f"directory: {summary['directory']}")
+    print("step fields:")
+    for field, spec in summary["step_fields"].items():
+        print(f"  {field:<24} {spec}")
+    if summary["episode_fields"]:
+        print("episode fields:")
+        for field, spec in summary["episode_fields"].items():
+            print(f"  {field:<24} {spec}")
+    for split, stats in summary["splits"].items():
+        print(f"split {split}: {stats['episodes']} episodes, {stats['steps']} steps")
+        for key in ("returns", "lengths"):
+            s = stats[key]
+            if s["count"]:
+                print(f"  {key:<8} mean {_format_number(s['mean'])}  std {_format_number(s['std'])}  "
+                      f"min {_format_number(s['min'])}  max {_format_number(s['max'])}")
+
+
+def _plot(summary: Dict[str, Any], path: str) -> None:
+    import matplotlib  # noqa: PLC0415  (optional: only --plot needs it)
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    figure, (returns_axis, lengths_axis) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
+    for split, stats in summary["splits"].items():
+        returns_axis.plot(stats["_returns"], marker=".", label=split)
+        lengths_axis.plot(stats["_lengths"], marker=".", label=split)
+    returns_axis.set_ylabel("return")
+    lengths_axis.set_ylabel("episode length")
+    lengths_axis.set_xlabel("episode")
+    returns_axis.legend()
+    returns_axis.set_title(f"{summary['name']} {summary['version']}")
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
+
+
+def info(args: argparse.Namespace) -> int:
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401, PLC0415
+        except ImportError:
+            print("rlds-tf info: --plot needs matplotlib (pip install matplotlib)", file=sys.stderr)
+            return 2
+    try:
+        summary = dataset_summary(args.dataset, split=args.split, data_dir=args.data_dir,
+                                  max_episodes=args.max_episodes)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"rlds-tf info: {e}", file=sys.stderr)
+        return 1
+    if args.json:
+        public = {k: v for k, v in summary.items() if k != "splits"}
+        public["splits"] = {s: {k: v for k, v in stats.items() if not k.startswith("_")}
+                            for s, stats in summary["splits"].items()}
+        print(json.dumps(public, indent=2))
+    else:
+        _print_summary(summary)
+    if args.plot:
+        _plot(summary, args.plot)
+        print(f"plot: {args.plot}", file=sys.stderr if args.json else sys.stdout)
+    return 0
+
+
+def _dataset_config(builder):
+    """A `DatasetConfig` with the source's features (episode fields other than `steps` become metadata)."""
+    import tensorflow_datasets as tfds  # noqa: PLC0415
+
+    from rlds_tf import rlds_types  # noqa: PLC0415
+
+    features = builder.info.features
+    steps = features[rlds_types.STEPS].feature
+    core = {rlds_types.OBSERVATION, rlds_types.ACTION, rlds_types.REWARD, rlds_types.DISCOUNT,
+            rlds_types.IS_FIRST, rlds_types.IS_LAST, rlds_types.IS_TERMINAL}
+    step_metadata = {k: steps[k] for k in steps.keys() if k not in core}
+    episode_metadata = {k: features[k] for k in features.keys() if k != rlds_types.STEPS}
+    return tfds.rlds.rlds_base.DatasetConfig(
+        name=builder.info.name, observation_info=steps[rlds_types.OBSERVATION],
+        action_info=steps[rlds_types.ACTION], reward_info=steps[rlds_types.REWARD],
+        discount_info=steps[rlds_types.DISCOUNT], step_metadata_info=step_metadata or None,
+        episode_metadata_info=episode_metadata or None, description=builder.info.description,
+        homepage=builder.info.homepage, citation=builder.info.citation)
+
+
+def convert(src: str, dst: str, file_format: str, *, data_dir: Optional[str] = None,
+            max_episodes_per_file: int = 1000) -> Dict[str, int]:
+    """Rewrites the dataset `src` into `dst` in `file_format`; returns `{split: episodes written}`."""
+    import tensorflow_datasets as tfds  # noqa: PLC0415
+
+    from rlds_tf import loading  # noqa: PLC0415
+    from rlds_tf.recording import tfds_writer  # noqa: PLC0415
+
+    if file_format not in _FORMATS:
+        raise ValueError(f"format ({file_format!r}) must be one of {list(_FORMATS)}")
+    builder = loading.builder(src, data_dir=data_dir)
+    if os.path.abspath(os.fspath(builder.data_dir)) == os.path.abspath(dst):
+        raise ValueError(f"DST ({dst!r}) must differ from the source directory")
+    if os.path.exists(dst) and os.listdir(dst):
+        raise ValueError(f"DST ({dst!r}) exists and is not empty; give a new directory")
+    splits = sorted(builder.info.splits.keys())
+    counts = {}
+    writer = tfds_writer.DatasetWriter(dst, _dataset_config(builder), split_names=splits,
+                                       max_episodes_per_file=max_episodes_per_file,
+                                       version=str(builder.info.version), file_format=file_format, overwrite=True)
+    try:
+        for split in splits:
+            counts[split] = 0
+            for episode in tfds.as_numpy(loading.load_stacked(src, split, data_dir=data_dir)):
+                writer.add_episode(episode, split=split)
+                counts[split] += 1
+    finally:
+        writer.close()
+    return counts
+
+
+def convert_command(args: argparse.Namespace) -> int:
+    try:
+        counts = convert(args.src, args.dst, args.format, data_dir=args.data_dir,
+                         max_episodes_per_file=args.max_episodes_per_file)
+    except (FileNotFoundError, ValueError, ImportError) as e:
+        print(f"rlds-tf convert: {e}", file=sys.stderr)
+        return 1
+    written = ", ".join(f"{split}: {n} episodes" for split, n in counts.items())
+    print(f"wrote {args.dst} ({args.format}): {written}")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rlds-tf", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    info_parser = commands.add_parser("info", help="episodes, steps, fields and return statistics of a dataset")
+    info_parser.add_argument("dataset", metavar="DIR_OR_NAME", help="dataset directory or registered TFDS name")
+    info_parser.add_argument("--split", default=None, help="one split (default: every split)")
+    info_parser.add_argument("--data-dir", default=None, help="TFDS data dir, for dataset names")
+    info_parser.add_argument("--max-episodes", type=int, default=None, metavar="N",
+                             help="read only the first N episodes of each split (large datasets)")
+    info_parser.add_argument("--plot", default=None, metavar="PNG",
+                             help="save a plot of per-episode returns and lengths (needs matplotlib)")
+    info_parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    info_parser.set_defaults(run=info)
+    convert_parser = commands.add_parser("convert", help="rewrite a dataset as tfrecord or array_record")
+    convert_parser.add_argument("src", metavar="SRC", help="dataset directory or registered TFDS name")
+    convert_parser.add_argument("dst", metavar="DST", help="new (or empty) output directory")
+    convert_parser.add_argument("--format", required=True, choices=_FORMATS, help="on-disk format of DST")
+    convert_parser.add_argument("--data-dir", default=None, help="TFDS data dir, for dataset names")
+    convert_parser.add_argument("--max-episodes-per-file", type=int, default=1000, metavar="N",
+                                help="episodes per shard of DST (default 1000)")
+    convert_parser.set_defaults(run=convert_command)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point of the `rlds-tf` console script."""
+    args = _parser().parse_args(argv)
+    if getattr(args, "max_episodes", None) is not None and args.max_episodes < 1:
+        print(f"rlds-tf info: --max-episodes ({args.max_episodes}) must be >= 1", file=sys.stderr)
+        return 2
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -317,17 +317,18 @@ class _SampleStream:
             return batch
 
     @staticmethod
-    def _chunk(proto: schema_pb2.ChunkData, cache) -> chunk_store_lib.Chunk:
+    def _chunk(proto: schema_pb2.ChunkData, cache) -> tuple:
+        """`(key, decoded tensors, number of rows, proto)` of a sampled chunk, decoded once per call."""
+        sequence_range = proto.sequence_range
+        key = proto.chunk_key
+        end = sequence_range.end
         # A chunk of one key may have grown (in-process writers' open chunks): key the cache by its rows too.
-        cache_key = (proto.chunk_key, proto.sequence_range.end)
+        cache_key = (key, end)
         chunk = cache.get(cache_key)
         if chunk is not None:
             cache.move_to_end(cache_key)
             return chunk
-        sequence_range = chunk_store_lib.SequenceRange(proto.sequence_range.episode_id, proto.sequence_range.start,
-                                                       proto.sequence_range.end, proto.sequence_range.sparse)
-        chunk = chunk_store_lib.Chunk(proto.chunk_key, codec.decode_chunk_tensors(proto), sequence_range,
-                                      delta_encoded=proto.delta_encoded)
+        chunk = (key, codec.decode_chunk_tensors(proto), end - sequence_range.start + 1, proto)
         cache[cache_key] = chunk
         if len(cache) > _CHUNK_CACHE_SIZE:
             cache.popitem(last=False)
@@ -370,13 +371,13 @@ class _SampledItemData:
     sample is unpacked once, so the validation and indexes a table item keeps would only cost time.
     """
 
-    __slots__ = ("key", "priority", "times_sampled", "chunks", "_columns", "_trajectory_proto")
+    __slots__ = ("key", "priority", "times_sampled", "_chunks", "_columns", "_trajectory_proto")
 
     def __init__(self, key: int, priority: float, times_sampled: int, trajectory_proto, chunks: dict):
         self.key = key
         self.priority = priority
         self.times_sampled = times_sampled
-        self.chunks = chunks
+        self._chunks = chunks
         self._trajectory_proto = trajectory_proto
         columns = []
         for column in trajectory_proto.columns:
@@ -386,12 +387,15 @@ class _SampledItemData:
                 if chunk is None:
                     raise errors.ReverbError(f"sampled item {key} refers to chunk {s.chunk_key}, which the "
                                              f"server did not send with it")
+                _, tensors, num_rows, _ = chunk
                 start = s.offset
                 stop = start + s.length
-                if start < 0 or stop > chunk.num_rows or stop <= start:
-                    raise errors.ReverbError(f"sampled item {key}: slice [{start}, {stop}) is out of chunk "
-                                             f"{s.chunk_key}'s rows [0, {chunk.num_rows})")
-                slices.append((chunk.tensors[s.index], start, stop))
+                index = s.index
+                if start < 0 or stop > num_rows or stop <= start or not 0 <= index < len(tensors):
+                    raise errors.ReverbError(f"sampled item {key}: slice [{start}, {stop}) of tensor {index} is "
+                                             f"out of chunk {s.chunk_key}'s {len(tensors)} tensors of "
+                                             f"{num_rows} rows")
+                slices.append((tensors[index], start, stop))
             if not slices:
                 raise errors.ReverbError(f"sampled item {key} has a column without chunk slices")
             columns.append((slices, column.squeeze))
@@ -400,6 +404,16 @@ class _SampledItemData:
     @property
     def trajectory(self) -> tuple:
         return codec.trajectory_from_proto(self._trajectory_proto)
+
+    @property
+    def chunks(self) -> dict:
+        """Chunk key -> `replay_tf.core.Chunk` (decoded) for every chunk the item refers to."""
+        out = {}
+        for key, tensors, _, proto in self._chunks.values():
+            r = proto.sequence_range
+            out[key] = chunk_store_lib.Chunk(key, tensors, chunk_store_lib.SequenceRange(
+                r.episode_id, r.start, r.end, r.sparse), delta_encoded=proto.delta_encoded)
+        return out
 
     def column_arrays(self) -> list:
         out = []

@@ -177,9 +177,7 @@ def compile_blocks(blocks: tf.data.Dataset, configs: Sequence[Any], step_spec: A
         buffers = {}
         for j, c in enumerate(columns):
             if unknown_shape[c]:
-                placeholder = tf.zeros(tf.concat([[histories[c]], tf.shape(flat_block[c])[1:]], 0),
-                                       flat_spec[c].dtype)
-                old = tf.cond(first, lambda: placeholder, lambda: hist[j])
+                old = _history_or_placeholder(hist[j], flat_block[c], histories[c], first)
             else:
                 old = hist[j]
             buffers[c] = tf.concat([old, flat_block[c]], 0)
@@ -248,9 +246,7 @@ def compile_blocks(blocks: tf.data.Dataset, configs: Sequence[Any], step_spec: A
         for j, c in enumerate(columns):
             old = hist[j]
             if unknown_shape[c]:
-                placeholder = tf.zeros(tf.concat([[histories[c]], tf.shape(flat_block[c])[1:]], 0),
-                                       flat_spec[c].dtype)
-                old = tf.cond(first, lambda: placeholder, lambda: hist[j])
+                old = _history_or_placeholder(hist[j], flat_block[c], histories[c], first)
             new_hist.append(tf.concat([old, flat_block[c]], 0)[-histories[c]:])
         return (tuple(new_hist), tf.constant(False), s_new, n_new, ssa0), (state, block)
 
@@ -272,6 +268,17 @@ def compile_blocks(blocks: tf.data.Dataset, configs: Sequence[Any], step_spec: A
             return tree.unflatten_as(signature, flat_items)
         items = items.map(cut)
     return items
+
+
+def _history_or_placeholder(history: tf.Tensor, block: tf.Tensor, length: int, first: tf.Tensor) -> tf.Tensor:
+    """The carried history of a column whose step shape is not static, or zeros shaped like this block's.
+
+    Zeros stand in before the first block and when the step shape changed (a new episode with other
+    shapes); patterns never read them, since a config waits until its history is in the buffer.
+    """
+    same_shape = tf.reduce_all(tf.equal(tf.shape(history)[1:], tf.shape(block)[1:]))
+    return tf.cond(tf.logical_and(tf.logical_not(first), same_shape), lambda: history,
+                   lambda: tf.zeros(tf.concat([[length], tf.shape(block)[1:]], 0), block.dtype))
 
 
 def _lists_to_tuples(nest: Any) -> Any:

@@ -205,6 +205,25 @@ def test_many_episodes_keep_their_order():
     assert [int(x) for x in out] == list(range(total))
 
 
+def test_steps_with_unknown_shapes_and_strings():
+    # Per-episode observation lengths differ (shape [None]); a string field rides along.
+    def episode(n, width):
+        return {"steps": tf.data.Dataset.from_tensor_slices({
+            "obs": tf.reshape(tf.range(n * width, dtype=tf.float32), [n, width]),
+            "name": tf.fill([n], f"w{width}"),
+            "is_last": tf.range(n) == n - 1})}
+    episodes = tf.data.Dataset.from_tensors(episode(3, 2)).concatenate(
+        tf.data.Dataset.from_tensors(episode(2, 4))).concatenate(tf.data.Dataset.from_tensors(episode(3, 1)))
+    spec = transformations.step_spec(episodes)
+    assert spec["obs"].shape.as_list() == [None]
+    ref = patterns.create_reference_step(spec)
+    config = patterns.create_config({"obs": ref["obs"][-2:], "name": ref["name"][-1]}, "t")
+    out = [(x["obs"].numpy().tolist(), x["name"].numpy().decode()) for x in transformations.pattern_map(
+        episodes, [config])]
+    assert out == [([[0, 1], [2, 3]], "w2"), ([[2, 3], [4, 5]], "w2"), ([[0, 1, 2, 3], [4, 5, 6, 7]], "w4"),
+                   ([[0], [1]], "w1"), ([[1], [2]], "w1")]
+
+
 def test_iterator_is_checkpointable(tmp_path):
     configs = _configs("configs = [sw.create_config(ref['x'][-3:], 't', conditions=[C.steps_since_applied() >= 2])]")
     ds = transformations.pattern_map(_episodes(), configs)

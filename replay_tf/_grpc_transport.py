@@ -105,7 +105,19 @@ class _InsertStream:
         self._queue.put((table, item))
 
     def _requests(self):
-        """Runs in gRPC's sending thread: turns queued items into InsertStreamRequests."""
+        """Runs in gRPC's sending thread: turns queued items into InsertStreamRequests.
+
+        An item that cannot be encoded ends the stream; its error is raised by the next `send` or `flush`
+        (gRPC itself would only report "Exception iterating requests!").
+        """
+        try:
+            yield from self._encode_requests()
+        except Exception as e:  # noqa: BLE001
+            with self._lock:
+                self._error = ValueError(f"could not encode an item for the InsertStream: {type(e).__name__}: {e}")
+                self._confirmed_cv.notify_all()
+
+    def _encode_requests(self):
         while True:
             first = self._queue.get()
             if first is _CLOSE:

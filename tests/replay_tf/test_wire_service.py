@@ -258,3 +258,17 @@ def test_insert_back_pressure_and_confirmations_while_blocked(server):
     rest = [k for raw in call for k in reverb_service_pb2.InsertStreamResponse.FromString(raw).keys]
     assert rest == [112, 113, 114]
     channel.close()
+
+
+def test_remote_writer_reports_items_it_cannot_encode(server):
+    from replay_tf import _grpc_transport  # noqa: PLC0415
+    transport = _grpc_transport.Transport(f"localhost:{server.port}")
+    stream = transport.open_insert_stream()
+    chunk = chunk_store.Chunk(200, [np.array([1, 2], dtype=object)], chunk_store.SequenceRange(1, 0, 1))
+    trajectory = (chunk_store.Column((chunk_store.ChunkSlice(200, 0, 2, 0),), False),)
+    stream.send("t", chunk_store.Item(201, 1.0, trajectory, [chunk]))
+    with pytest.raises(ValueError, match=r"could not encode an item for the InsertStream: TypeError: string "
+                                         r"tensors hold bytes or str, got int"):
+        stream.flush(0, 10_000)
+    stream.close()
+    transport.close()

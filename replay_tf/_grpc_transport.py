@@ -24,7 +24,6 @@ import weakref
 from typing import Any, Dict, Optional
 
 import grpc
-import numpy as np
 
 from replay_tf import errors
 from replay_tf.core import chunk_store as chunk_store_lib
@@ -329,18 +328,20 @@ class _SampleStream:
             return batch
 
     @staticmethod
-    def _chunk(proto: schema_pb2.ChunkData, cache) -> tuple:
-        """`(key, decoded tensors, number of rows, proto)` of a sampled chunk, decoded once per call."""
-        sequence_range = proto.sequence_range
+    def _chunk(proto: schema_pb2.ChunkData, cache) -> chunk_store_lib.Chunk:
+        """The decoded chunk of `proto`, decoded once per call."""
+        r = proto.sequence_range
         key = proto.chunk_key
-        end = sequence_range.end
+        end = r.end
         # A chunk of one key may have grown (in-process writers' open chunks): key the cache by its rows too.
         cache_key = (key, end)
         chunk = cache.get(cache_key)
         if chunk is not None:
             cache.move_to_end(cache_key)
             return chunk
-        chunk = (key, codec.decode_chunk_tensors(proto), end - sequence_range.start + 1, proto)
+        chunk = chunk_store_lib.Chunk(key, codec.decode_chunk_tensors(proto),
+                                      chunk_store_lib.SequenceRange(r.episode_id, r.start, end, r.sparse),
+                                      delta_encoded=proto.delta_encoded)
         cache[cache_key] = chunk
         if len(cache) > _CHUNK_CACHE_SIZE:
             cache.popitem(last=False)
@@ -361,7 +362,7 @@ class _SampleStream:
                 partial[0] = None
                 item_proto = info.item
                 priority, times_sampled = item_proto.priority, item_proto.times_sampled
-                item = _SampledItemData(item_proto.key, priority, times_sampled, item_proto.flat_trajectory, chunks)
+                item = _sampled_item(item_proto.key, priority, times_sampled, item_proto.flat_trajectory, chunks)
                 out.append(table_lib.SampledItem(item, priority, times_sampled, info.probability, info.table_size,
                                                  info.rate_limited))
         return out
@@ -376,69 +377,34 @@ class _SampleStream:
             self._call = None
 
 
-class _SampledItemData:
-    """A sampled item as the client reads it: key, priority, trajectory and data (`column_arrays()`).
-
-    The read-only subset of `replay_tf.core.Item` that samplers use, built straight from the proto: a
-    sample is unpacked once, so the validation and indexes a table item keeps would only cost time.
-    """
-
-    __slots__ = ("key", "priority", "times_sampled", "_chunks", "_columns", "_trajectory_proto")
-
-    def __init__(self, key: int, priority: float, times_sampled: int, trajectory_proto, chunks: dict):
-        self.key = key
-        self.priority = priority
-        self.times_sampled = times_sampled
-        self._chunks = chunks
-        self._trajectory_proto = trajectory_proto
-        columns = []
-        for column in trajectory_proto.columns:
-            slices = []
-            for s in column.chunk_slices:
-                chunk = chunks.get(s.chunk_key)
-                if chunk is None:
-                    raise errors.ReverbError(f"sampled item {key} refers to chunk {s.chunk_key}, which the "
-                                             f"server did not send with it")
-                _, tensors, num_rows, _ = chunk
-                start = s.offset
-                stop = start + s.length
-                index = s.index
-                if start < 0 or stop > num_rows or stop <= start or not 0 <= index < len(tensors):
-                    raise errors.ReverbError(f"sampled item {key}: slice [{start}, {stop}) of tensor {index} is "
-                                             f"out of chunk {s.chunk_key}'s {len(tensors)} tensors of "
-                                             f"{num_rows} rows")
-                slices.append((tensors[index], start, stop))
-            if not slices:
-                raise errors.ReverbError(f"sampled item {key} has a column without chunk slices")
-            columns.append((slices, column.squeeze))
-        self._columns = columns
-
-    @property
-    def trajectory(self) -> tuple:
-        return codec.trajectory_from_proto(self._trajectory_proto)
-
-    @property
-    def chunks(self) -> dict:
-        """Chunk key -> `replay_tf.core.Chunk` (decoded) for every chunk the item refers to."""
-        out = {}
-        for key, tensors, _, proto in self._chunks.values():
-            r = proto.sequence_range
-            out[key] = chunk_store_lib.Chunk(key, tensors, chunk_store_lib.SequenceRange(
-                r.episode_id, r.start, r.end, r.sparse), delta_encoded=proto.delta_encoded)
-        return out
-
-    def column_arrays(self) -> list:
-        out = []
-        for slices, squeeze in self._columns:
-            if len(slices) == 1:
-                tensor, start, stop = slices[0]
-                out.append(tensor[start] if squeeze else tensor[start:stop])
-            else:
-                out.append(np.concatenate([t[a:b] for t, a, b in slices], axis=0))
-        return out
-
-    def __repr__(self) -> str:
-        return f"SampledItem(key={self.key}, priority={self.priority}, columns={len(self._columns)})"
+def _sampled_item(key: int, priority: float, times_sampled: int, trajectory_proto,
+                  chunks: dict) -> chunk_store_lib.Item:
+    """A core `Item` for a sample, built from its proto and decoded chunks (bounds checked here, so the
+    item is made with `Item.from_resolved`: a sample is unpacked once, full validation would only cost)."""
+    columns, episode_ids = [], set()
+    for column in trajectory_proto.columns:
+        flat = [column.squeeze]
+        for s in column.chunk_slices:
+            chunk = chunks.get(s.chunk_key)
+            if chunk is None:
+                raise errors.ReverbError(f"sampled item {key} refers to chunk {s.chunk_key}, which the server did "
+                                         f"not send with it")
+            start, index = s.offset, s.index
+            stop = start + s.length
+            if start < 0 or stop > chunk.num_rows or stop <= start or not 0 <= index < len(chunk.tensors):
+                raise errors.ReverbError(f"sampled item {key}: slice [{start}, {stop}) of tensor {index} is out of "
+                                         f"chunk {s.chunk_key}'s {len(chunk.tensors)} tensors of {chunk.num_rows} "
+                                         f"rows")
+            flat += (chunk, index, start, stop)
+            episode_ids.add(chunk.sequence_range.episode_id)
+        if len(flat) == 1:
+            raise errors.ReverbError(f"sampled item {key} has a column without chunk slices")
+        columns.append(tuple(flat))
+    if not columns:
+        raise errors.ReverbError(f"sampled item {key} has no columns")
+    item = chunk_store_lib.Item.from_resolved(key, priority, tuple(columns), frozenset(episode_ids))
+    item.times_sampled = times_sampled
+    return item
 
 
 class Transport:

@@ -6,9 +6,11 @@ Implements `replay_tf.client.Transport` over `deepmind.reverb.ReverbService`:
     those still alive in this process (a chunk the writer's history and queued items dropped is garbage,
     so no later item can use it). Requests are assembled by the gRPC sending thread from everything queued
     at that moment (up to ~4 MiB), so `send` never blocks and fast writers get big requests;
-  - sample streams ask for `num_samples_per_request` samples per request (the next one once those have
-    arrived) and hand back whatever complete samples each response holds as one flexible batch; chunks are
-    decoded once per stream (a cache keyed by chunk key and row count).
+  - sample streams ask for `num_samples_per_request` samples per request (the next one only once those
+    have arrived and the caller asks for more, so nothing is sampled ahead of the caller); a thread reads
+    and decodes the responses, and `next_batch` hands out every complete sample received so far (up to the
+    request) as one flexible batch. Chunks are decoded once per call (a cache keyed by chunk key and row
+    count) and samples are core `Item`s, so everything built on the in-process path works unchanged.
 
 gRPC failures become Reverb's Python errors: DEADLINE_EXCEEDED -> `DeadlineExceededError`,
 INVALID_ARGUMENT / NOT_FOUND / FAILED_PRECONDITION -> `ValueError`, others -> `ReverbError`.

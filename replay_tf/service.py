@@ -7,7 +7,10 @@ Protocol (see ../shared/reference/reverb.md §2), as a dm-reverb 0.14 client exp
   - `InsertStream`: requests carry chunks and items; chunks live in a per-stream map until an item refers to
     them, and only the chunks listed in `keep_chunk_keys` survive a request with items. Items are inserted
     in order, blocking on the rate limiter (the stream is not read meanwhile: back-pressure); the keys of
-    inserted items are sent back as confirmations.
+    inserted items are sent back as confirmations, those completed meanwhile coalesced into one response.
+    Items are checked against the chunks' headers (nothing is decoded) and the table signature; a length-1
+    unsqueezed column whose step matches the signature is accepted, because Reverb's `client.insert`
+    sends those and Reverb stores them.
   - `SampleStream`: each request asks for `num_samples`; the table answers in flexible batches (64 first,
     then doubling) and every sample becomes one or more entries (the first carries `info`, the last has
     `end_of_sequence`), several samples per response up to ~2 MiB. A rate-limiter timeout with nothing

@@ -293,6 +293,10 @@ def _aligned_empty(shape: tuple, dtype: np.dtype, alignment: int = 64) -> np.nda
     return buffer[offset:offset + nbytes].view(dtype).reshape(shape)
 
 
+# Above this many bytes per sample and column, per-sample slice copies beat a fancy-index gather.
+_GATHER_MAX_BYTES = 16 << 10
+
+
 def _gather_column(items: list, i: int, out: np.ndarray) -> bool:
     """Fills `out[k]` with column `i` of `items[k]` by one fancy-index gather per chunk tensor.
 
@@ -325,8 +329,13 @@ def _gather_column(items: list, i: int, out: np.ndarray) -> bool:
         else:
             if length is None or tensor.shape[1:] != out.shape[2:] or any(n != length for n in lengths):
                 return False
-            # rows start, start + 1, ..., start + length - 1 of every sampled item, in one gather
-            out[positions] = tensor[starts[:, np.newaxis] + np.arange(length)]
+            if out[0].nbytes > _GATHER_MAX_BYTES:
+                # Large samples: one slice copy each (a fancy-index gather would copy twice).
+                for position, start in zip(positions, starts.tolist()):
+                    out[position] = tensor[start:start + length]
+            else:
+                # rows start, start + 1, ..., start + length - 1 of every sampled item, in one gather
+                out[positions] = tensor[starts[:, np.newaxis] + np.arange(length)]
     for position in spanning:
         value = items[position].column_arrays()[i]
         if value.dtype != out.dtype or value.shape != out.shape[1:]:

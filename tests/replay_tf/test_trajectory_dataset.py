@@ -170,3 +170,22 @@ def test_batch_matches_generic_batching(batch_size, drop_remainder):
     assert dataset.batch(batch_size, drop_remainder=drop_remainder).element_spec == tf.data.Dataset.batch(
         dataset, batch_size, drop_remainder=drop_remainder).element_spec
     server.stop()
+
+
+def test_batch_gathers_items_spanning_chunks_and_squeezed_columns():
+    server = reverb.Server([reverb.Table.queue("q", 100)])
+    client = reverb.Client(f"localhost:{server.port}")
+    with client.trajectory_writer(num_keep_alive_refs=3) as writer:
+        writer.configure(("obs",), num_keep_alive_refs=3, max_chunk_length=2)  # items span two chunks
+        for i in range(9):
+            writer.append({"obs": np.full([2], i, np.int32), "act": np.float32(i)})
+            if i >= 2:
+                writer.create_item("q", 1.0, {"obs": writer.history["obs"][-3:], "act": writer.history["act"][-1]})
+    dataset = reverb.TrajectoryDataset(f"localhost:{server.port}", "q", dtypes={"obs": tf.int32, "act": tf.float32},
+                                       shapes={"obs": tf.TensorShape([3, 2]), "act": tf.TensorShape([])},
+                                       max_in_flight_samples_per_worker=4, rate_limiter_timeout_ms=50)
+    [batch] = list(dataset.batch(10))
+    expected_obs = [[[i - 2] * 2, [i - 1] * 2, [i] * 2] for i in range(2, 9)]
+    assert batch.data["obs"].numpy().tolist() == expected_obs
+    assert batch.data["act"].numpy().tolist() == [float(i) for i in range(2, 9)]
+    server.stop()

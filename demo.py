@@ -1,15 +1,79 @@
-"""rl-data-tf demo: record episodes of the built-in Catch environment as an RLDS dataset, load them back.
+"""rl-data-tf demo: record, load, pattern, replay, all on current TensorFlow and without compiled ops.
 
-Runs on embedded defaults (a temporary directory, no external service) in a few seconds:
+1. Records episodes of the built-in Catch environment as an RLDS dataset (EnvLogger-compatible recorder).
+2. Loads them back as RLDS (nested steps datasets) and through the fast stacked/flat paths.
+3. Turns them into transitions with a Reverb pattern compiled to plain tf.data (`pattern_map_from_transform`).
+4. Streams the same steps into an in-process Reverb-compatible replay server with the structured writer
+   (the same pattern, run online) and samples it through `TrajectoryDataset`.
+5. Feeds the transitions to an in-graph `PrioritizedReplayBuffer` and samples it inside `tf.function`.
+
+Runs on embedded defaults (a temporary directory, an in-process server on localhost):
   python demo.py
 """
 import shutil
 import tempfile
 
 import numpy as np
+import tensorflow as tf
+import tree
 
+import replay_tf as reverb
 import rlds_tf as rlds
 from rlds_tf.recording import Catch
+
+
+def transition(step):
+    """A Reverb pattern: (o_t, a_t, r_t, o_t+1) from the last two steps of the reference step."""
+    return {"observation": step[rlds.OBSERVATION][-2], "action": step[rlds.ACTION][-2],
+            "reward": step[rlds.REWARD][-2], "next_observation": step[rlds.OBSERVATION][-1]}
+
+
+def replay(episodes: tf.data.Dataset) -> None:
+    """Steps 3-5 of the module docstring."""
+    step_spec = rlds.transformations.step_spec(episodes)
+    transitions = rlds.transformations.pattern_map_from_transform(episodes, transition)
+    num_transitions = sum(1 for _ in transitions)
+    print(f"pattern_map_from_transform(transition): {num_transitions} transitions, "
+          f"observation {transitions.element_spec['observation'].shape}")
+
+    config = reverb.structured_writer.create_config(
+        reverb.structured_writer.pattern_from_transform(step_spec, transition), table="transitions")
+    signature = reverb.structured_writer.infer_signature([config], step_spec)
+    server = reverb.Server([reverb.Table(
+        "transitions", sampler=reverb.selectors.Prioritized(priority_exponent=0.6),
+        remover=reverb.selectors.Fifo(), max_size=10_000, rate_limiter=reverb.rate_limiters.MinSize(1),
+        signature=signature)])
+    try:
+        address = f"localhost:{server.port}"
+        client = reverb.Client(address)
+        with client.structured_writer([config]) as writer:
+            for episode in episodes:
+                for step in episode[rlds.STEPS].as_numpy_iterator():
+                    writer.append(step)
+                writer.end_episode()
+        info = client.server_info()["transitions"]
+        print(f"replay server at {address}: table 'transitions' holds {info.current_size} items "
+              f"(same as the dataset: {info.current_size == num_transitions})")
+        dataset = reverb.TrajectoryDataset.from_table_signature(
+            address, "transitions", max_in_flight_samples_per_worker=64).batch(32)
+        sample = next(iter(dataset))
+        print(f"TrajectoryDataset batch: keys {sample.info.key.dtype.name}{sample.info.key.shape.as_list()}, "
+              f"observation {sample.data['observation'].shape.as_list()}, "
+              f"mean probability {float(tf.reduce_mean(sample.info.probability)):.4f}")
+    finally:
+        server.stop()
+
+    buffer = reverb.PrioritizedReplayBuffer(transitions.element_spec, batch_size=1, max_length=1000, alpha=0.6)
+
+    @tf.function
+    def add(item):
+        buffer.add_batch(tree.map_structure(lambda x: x[tf.newaxis], item))
+
+    for item in transitions:
+        add(item)
+    data, info = tf.function(lambda: buffer.get_next(sample_batch_size=8))()
+    print(f"in-graph PrioritizedReplayBuffer: {int(buffer.num_frames())} frames; sampled ids "
+          f"{info.ids.numpy().tolist()}")
 
 
 def main(num_episodes: int = 20) -> None:
@@ -44,6 +108,7 @@ def main(num_episodes: int = 20) -> None:
               f"caught {wins}/{len(lengths)}")
         terminal = [bool(s[rlds.IS_TERMINAL]) for s in first[rlds.STEPS].as_numpy_iterator()]
         print(f"is_terminal per step of episode 0: {''.join('T' if x else '.' for x in terminal)}")
+        replay(episodes)
     finally:
         shutil.rmtree(data_directory, ignore_errors=True)
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import collections
 import os
-from typing import Any, Callable, Mapping, NamedTuple, Optional, Union
+from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence, Union
 
 import numpy as np
 import tensorflow as tf
@@ -102,7 +102,7 @@ def _table_weights(table: Union[str, Mapping[str, float]]) -> "collections.Order
     return collections.OrderedDict((name, weight / total) for name, weight in weights.items())
 
 
-def make_reverb_dataset(server_address: str, batch_size: Optional[int] = None,
+def make_reverb_dataset(server_address: Union[str, Sequence[str]], batch_size: Optional[int] = None,
                         prefetch_size: Optional[int] = None,
                         table: Union[str, Mapping[str, float]] = DEFAULT_PRIORITY_TABLE,
                         num_parallel_calls: Optional[int] = 12,
@@ -115,7 +115,9 @@ def make_reverb_dataset(server_address: str, batch_size: Optional[int] = None,
     """acme's `make_reverb_dataset`: a dataset streaming `ReplaySample`s of one table or a weighted mix.
 
     Args:
-      server_address: `host:port` of the replay server.
+      server_address: `host:port` of the replay server, or a list of them (an extension of acme's helper):
+        each server gets the whole pipeline described below (same tables, weights and parallelism) and
+        every element (every batch, when batched) comes from a server drawn uniformly at random.
       batch_size: If set, elements are batched (remainder dropped) after `postprocess`.
       prefetch_size: If set, batches to prefetch.
       table: A table name, or `{name: weight}`: each element comes from a table drawn with the normalized
@@ -154,6 +156,28 @@ def make_reverb_dataset(server_address: str, batch_size: Optional[int] = None,
         # The default reverb.TFClient.dataset() used to set.
         max_in_flight_samples_per_worker = 2 * batch_size if batch_size else 100
     weights = _table_weights(table)
+    if isinstance(server_address, str):
+        addresses = [server_address]
+    else:
+        addresses = list(server_address)
+        if not addresses or not all(isinstance(a, str) for a in addresses):
+            raise ValueError(f"server_address ({server_address!r}) must be a 'host:port' string or a non-empty "
+                             f"list of them")
+    per_server = [_server_dataset(address, batch_size, num_parallel_calls, max_in_flight_samples_per_worker,
+                                  postprocess, weights) for address in addresses]
+    if len(per_server) > 1:
+        dataset = tf.data.Dataset.sample_from_datasets(per_server, weights=[1.0 / len(per_server)] * len(per_server))
+    else:
+        dataset = per_server[0]
+    if prefetch_size:
+        dataset = dataset.prefetch(prefetch_size)
+    return dataset
+
+
+def _server_dataset(server_address: str, batch_size: Optional[int], num_parallel_calls: Optional[int],
+                    max_in_flight_samples_per_worker: int, postprocess: Optional[Callable],
+                    weights: Mapping[str, float]) -> tf.data.Dataset:
+    """acme's pipeline for one server: per-table `TrajectoryDataset`s mixed by weight, interleaved."""
 
     def make_dataset(unused_index: tf.Tensor) -> tf.data.Dataset:
         datasets = [TrajectoryDataset.from_table_signature(
@@ -177,8 +201,6 @@ def make_reverb_dataset(server_address: str, batch_size: Optional[int] = None,
             deterministic=False)
     else:
         dataset = make_dataset(tf.constant(0))
-    if prefetch_size:
-        dataset = dataset.prefetch(prefetch_size)
     return dataset
 
 

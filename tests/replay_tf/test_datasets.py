@@ -310,3 +310,66 @@ def test_make_environment_spec_from_a_dm_env():
     shapes, dtypes = datasets_lib.spec_to_shapes_and_dtypes(False, spec)
     assert shapes.observation == [10, 5] and dtypes.observation == tf.float32
     assert collections.Counter(type(s) for s in tree.flatten(shapes)) == {tf.TensorShape: 5}
+
+
+# --- several servers ---------------------------------------------------------------------------------
+
+def test_make_reverb_dataset_over_several_servers():
+    """One server in this process, one in a `replay-tf serve` process (reached over gRPC)."""
+    import json
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import tempfile
+
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    signature = tf.TensorSpec([1], tf.int64)
+    local = reverb.Server([_uniform_table("priority_table", signature)])
+    reverb.Client(local.address).insert(np.int64(1), priorities={"priority_table": 1.0})
+    with socket.socket() as sock:
+        sock.bind(("localhost", 0))
+        port = sock.getsockname()[1]
+    with tempfile.TemporaryDirectory() as directory:
+        config = os.path.join(directory, "tables.json")
+        with open(config, "w") as f:
+            json.dump({"tables": [{"name": "priority_table", "sampler": "uniform", "remover": "fifo",
+                                   "max_size": 10, "rate_limiter": {"min_size": 1},
+                                   "signature": {"shape": [1], "dtype": "int64"}}]}, f)
+        env = dict(os.environ, PYTHONPATH=repo + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                   TF_CPP_MIN_LOG_LEVEL="3")
+        remote = subprocess.Popen([sys.executable, "-m", "replay_tf.cli", "serve", "--config", config,
+                                   "--port", str(port), "--stats-interval", "60"], cwd=repo, env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            line = ""
+            for line in remote.stdout:  # bounded by the process: it prints this line or exits
+                if "serving tables" in line:
+                    break
+            assert "serving tables" in line, line
+            remote_client = reverb.Client(f"localhost:{port}")
+            remote_client.insert(np.int64(2), priorities={"priority_table": 1.0})
+            dataset = datasets_lib.make_reverb_dataset([local.address, f"localhost:{port}"], batch_size=5,
+                                                       num_parallel_calls=None)
+            iterator = iter(dataset)
+            batches = [next(iterator).data.numpy().reshape(-1).tolist() for _ in range(60)]
+            del iterator  # uniform tables never block: the samplers return
+        finally:
+            remote.send_signal(signal.SIGINT)
+            try:
+                remote.wait(60)
+            finally:
+                if remote.poll() is None:
+                    remote.kill()
+                remote.stdout.close()
+            local.stop()
+    # A batch comes from one server; both servers are drawn, each with probability 1/2.
+    assert all(batch in ([1] * 5, [2] * 5) for batch in batches)
+    from_local = sum(batch[0] == 1 for batch in batches)
+    assert abs(from_local - 30) < 5 * np.sqrt(60 * 0.25)
+
+
+def test_make_reverb_dataset_server_list_must_hold_addresses():
+    with pytest.raises(ValueError, match="non-empty list"):
+        datasets_lib.make_reverb_dataset([], num_parallel_calls=None)

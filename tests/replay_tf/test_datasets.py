@@ -373,3 +373,54 @@ def test_make_reverb_dataset_over_several_servers():
 def test_make_reverb_dataset_server_list_must_hold_addresses():
     with pytest.raises(ValueError, match="non-empty list"):
         datasets_lib.make_reverb_dataset([], num_parallel_calls=None)
+
+
+_DM_REVERB_SERVER = r"""
+import sys
+import numpy as np
+import reverb
+import tensorflow as tf
+
+server = reverb.Server([reverb.Table('priority_table', reverb.selectors.Uniform(), reverb.selectors.Fifo(), 10,
+                                     reverb.rate_limiters.MinSize(1), signature=tf.TensorSpec([1], tf.int64))],
+                       port=int(sys.argv[1]))
+client = reverb.Client(f'localhost:{server.port}')
+client.insert(np.int64(2), priorities={'priority_table': 1.0})
+print('ready', flush=True)
+sys.stdin.read()  # serve until the test closes stdin
+server.stop()
+"""
+
+
+@pytest.mark.peer
+def test_make_reverb_dataset_mixes_a_dm_reverb_server_and_ours(peer):
+    import select
+    import socket
+    import subprocess
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    dm_reverb = peer.popen(_DM_REVERB_SERVER, str(port), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                           stderr=subprocess.DEVNULL, text=True)
+    local = reverb.Server([_uniform_table("priority_table", tf.TensorSpec([1], tf.int64))])
+    try:
+        ready, _, _ = select.select([dm_reverb.stdout], [], [], 120)
+        assert ready and dm_reverb.stdout.readline().strip() == "ready", "the dm-reverb server did not start"
+        reverb.Client(local.address).insert(np.int64(1), priorities={"priority_table": 1.0})
+        dataset = datasets_lib.make_reverb_dataset([local.address, f"localhost:{port}"], batch_size=4,
+                                                   num_parallel_calls=2)
+        iterator = iter(dataset)
+        batches = [next(iterator).data.numpy().reshape(-1).tolist() for _ in range(40)]
+        del iterator
+    finally:
+        local.stop()
+        dm_reverb.stdin.close()
+        try:
+            dm_reverb.wait(30)
+        except subprocess.TimeoutExpired:
+            dm_reverb.kill()
+            dm_reverb.wait(10)
+        dm_reverb.stdout.close()
+    assert all(batch in ([1] * 4, [2] * 4) for batch in batches)
+    assert {batch[0] for batch in batches} == {1, 2}

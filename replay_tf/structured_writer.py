@@ -29,7 +29,8 @@ import tree
 
 from replay_tf import errors
 from replay_tf.core.chunk_store import Item
-from replay_tf.trajectory_writer import _ColumnChunker, _new_key, _path_str, to_array
+from replay_tf._column_chunker import _ColumnChunker, _new_key, to_array
+from replay_tf.trajectory_writer import _path_str
 from rlds_tf.patterns import Condition
 from rlds_tf.patterns import ConditionProto
 from rlds_tf.patterns import Config

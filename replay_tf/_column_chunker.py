@@ -1,0 +1,133 @@
+"""Per-column chunking shared by the writers: values of one column appended to its current `Chunk`.
+
+A `_ColumnChunker` fixes its column's dtype and shape from the first value, appends rows to the current
+chunk (open in-process, or finalized at `max_chunk_length` rows for remote servers) and hands out
+`_CellRef`s (chunk, row) that `TrajectoryWriter` and `StructuredWriter` turn into items.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+
+from replay_tf.core.chunk_store import Chunk, SequenceRange
+
+# In-process chunks: at most this many bytes (and rows) per chunk, so long items are mostly one slice.
+_OPEN_CHUNK_MAX_BYTES = 4 << 20
+_OPEN_CHUNK_MAX_ROWS = 1024
+
+
+def _new_key() -> int:
+    from replay_tf.client import new_key  # noqa: PLC0415  (client imports this module lazily)
+    return new_key()
+
+
+def to_array(value: Any) -> np.ndarray:
+    """A leaf as a numpy array (tensors converted; str/bytes as object arrays, as TF strings)."""
+    array = np.asarray(value)
+    if array.dtype.kind in "US":
+        array = array.astype(object)
+    return array
+
+
+class _CellRef:
+    """A reference to one step of one column: row `row` of `chunk`."""
+
+    __slots__ = ("column", "chunk", "row", "seq")
+
+    def __init__(self, column: "_ColumnChunker", chunk: Chunk, row: int, seq: int):
+        self.column = column
+        self.chunk = chunk
+        self.row = row
+        self.seq = seq
+
+    @property
+    def expired(self) -> bool:
+        return self.column.appended - self.seq > self.column.num_keep_alive_refs
+
+    @property
+    def shape(self) -> tuple:
+        return self.column.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.column.dtype
+
+    def numpy(self) -> np.ndarray:
+        return np.array(self.chunk.tensors[0][self.row])
+
+    def __repr__(self) -> str:
+        return f"CellRef(column={self.column.path}, step={self.seq}, expired={self.expired})"
+
+
+class _ColumnChunker:
+    """Appends one column's values to its current chunk and hands out references to them."""
+
+    def __init__(self, path: str, first_value: np.ndarray, num_keep_alive_refs: int,
+                 max_chunk_length: Optional[int], open_chunks: bool):
+        self.path = path
+        self.dtype = first_value.dtype
+        self.shape = tuple(first_value.shape)
+        self.num_keep_alive_refs = num_keep_alive_refs
+        self.open_chunks = open_chunks
+        self.max_chunk_length = self._chunk_length(max_chunk_length)
+        self.appended = 0          # values appended so far (the next value's `seq`)
+        self.chunk: Optional[Chunk] = None
+        self._array: Optional[np.ndarray] = None
+        self._rows = 0
+        self._start_step = 0
+        self._last_step = -1
+        self._sparse = False
+
+    def _chunk_length(self, max_chunk_length: Optional[int]) -> int:
+        if max_chunk_length is not None:
+            return max_chunk_length
+        if not self.open_chunks:
+            return self.num_keep_alive_refs  # Reverb's auto-tuned chunk length is capped here
+        row_bytes = max(1, int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize)
+        return int(min(_OPEN_CHUNK_MAX_ROWS, max(self.num_keep_alive_refs, _OPEN_CHUNK_MAX_BYTES // row_bytes)))
+
+    def configure(self, num_keep_alive_refs: int, max_chunk_length: Optional[int]) -> None:
+        self.finalize()
+        self.num_keep_alive_refs = num_keep_alive_refs
+        self.max_chunk_length = self._chunk_length(max_chunk_length)
+
+    def check(self, value: np.ndarray) -> None:
+        if value.dtype != self.dtype:
+            raise ValueError(f"Tensor of wrong dtype provided for column {self.path}. Got {value.dtype.name} but "
+                             f"expected {self.dtype.name}.")
+        if value.shape != self.shape:
+            raise ValueError(f"Tensor of incompatible shape provided for column {self.path}. Got "
+                             f"{list(value.shape)} which is incompatible with {list(self.shape)}.")
+
+    def append(self, value: np.ndarray, episode_id: int, step: int) -> _CellRef:
+        if self.chunk is None:
+            # np.empty of a large block is lazily backed by the OS, so unused rows cost no memory.
+            self._array = np.empty((self.max_chunk_length, *self.shape), dtype=self.dtype)
+            self._rows = 0
+            self._start_step = step
+            self._sparse = False
+            self.chunk = Chunk(_new_key(), [self._array], SequenceRange(episode_id, step, step))
+        elif step != self._last_step + 1:
+            self._sparse = True  # the column skipped steps: the chunk's rows are not contiguous steps
+        chunk, row = self.chunk, self._rows
+        self._array[row] = value
+        self._rows = row + 1
+        self._last_step = step
+        chunk.sequence_range = SequenceRange(episode_id, self._start_step, step, self._sparse)
+        ref = _CellRef(self, chunk, row, self.appended)
+        self.appended += 1
+        if self._rows == self.max_chunk_length:
+            self.finalize()
+        return ref
+
+    def finalize(self) -> Optional[Chunk]:
+        """Closes the current chunk (trimming unused rows); returns it, or None if there was none."""
+        chunk = self.chunk
+        if chunk is None:
+            return None
+        if self._rows < len(self._array):
+            chunk.tensors = [self._array[:self._rows].copy()]
+        self.chunk = None
+        self._array = None
+        return chunk

@@ -10,7 +10,10 @@ Data model (`chunk_store`):
   and is then decoded on first access of `.tensors`.
   `Item(key, priority, trajectory, chunks, times_sampled=0)`: `trajectory` is a flat trajectory, a tuple of
   `Column(slices=(ChunkSlice(chunk_key, offset, length, index), ...), squeeze)`; `chunks` are the `Chunk`s
-  it refers to (exactly the keys used by the trajectory). `item.column_arrays()` unpacks the data.
+  it refers to (exactly the keys used by the trajectory); `item.trajectory` / `item.chunks` give them back.
+  `Item.from_resolved(key, priority, columns, episode_ids)` builds an item from already valid resolved
+  columns `(squeeze, chunk, index, start, stop, ...)` without validation (writers, the gRPC service).
+  `item.column_arrays()` unpacks the data.
   Items hold their chunks; chunks are freed (Python refcounting) when no item or writer refers to them.
   `ChunkStore` dedups chunks by key with weak references (e.g. across insert streams).
 

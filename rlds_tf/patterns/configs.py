@@ -19,13 +19,11 @@ from typing import Any, Optional, Sequence, Union
 import tensorflow as tf
 import tree
 
+from rlds_tf import _structure_coder
 from rlds_tf.patterns import conditions as conditions_lib
 from rlds_tf.patterns import nodes
 from rlds_tf.patterns import patterns_pb2
 from rlds_tf.patterns import priorities
-
-from tensorflow.core.protobuf import struct_pb2
-from tensorflow.python.saved_model import nested_structure_coder  # pylint: disable=g-direct-tensorflow-import
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +52,7 @@ class StructuredWriterConfig:
                 p.stop = node.stop
             if node.step is not None:
                 p.step = node.step
-        proto.pattern_structure.CopyFrom(nested_structure_coder.encode_structure(self.pattern_structure))
+        proto.pattern_structure.CopyFrom(_structure_coder.encode_structure(self.pattern_structure))
         if isinstance(self.priority, priorities.TDErrorPriority):
             proto.priority.td_error.max_priority_weight = self.priority.max_priority_weight
             proto.priority.td_error.flat_source_index = self.priority.flat_source_index
@@ -83,11 +81,8 @@ class StructuredWriterConfig:
             stop=n.stop if n.HasField("stop") else None,
             step=n.step if n.HasField("step") else None) for n in proto.flat)
         if proto.HasField("pattern_structure"):
-            encoded = proto.pattern_structure
-            if not isinstance(encoded, struct_pb2.StructuredValue):
-                # A StructuredValue from another descriptor pool (e.g. Reverb's): re-read its bytes.
-                encoded = struct_pb2.StructuredValue.FromString(encoded.SerializeToString())
-            structure = nested_structure_coder.decode_proto(encoded)
+            # Also reads a StructuredValue from another descriptor pool (e.g. Reverb's).
+            structure = _structure_coder.decode_structure(proto.pattern_structure)
         else:
             structure = [None] * len(flat)
         if proto.HasField("priority") and proto.priority.WhichOneof("priority_fn") == "td_error":

@@ -18,7 +18,7 @@ setuptools.setup(
     license="Apache-2.0",
     python_requires=">=3.10",
     packages=setuptools.find_packages(include=["rlds_tf", "rlds_tf.*", "replay_tf", "replay_tf.*"]),
-    package_data={"replay_tf": ["wire/*.proto", "wire/**/*.proto"]},
+    package_data={"replay_tf": ["wire/*.proto", "wire/*.sh"], "rlds_tf": ["patterns/*.proto"]},
     install_requires=[
         "tensorflow>=2.16",
         "tensorflow-datasets>=4.9.4",
@@ -30,9 +30,11 @@ setuptools.setup(
         "cramjam>=2.7",
     ],
     extras_require={
-        "test": ["pytest>=7", "pytest-timeout", "gymnasium", "array_record", "nbclient", "nbformat", "ipykernel"],
+        "test": ["pytest>=7", "pytest-timeout", "gymnasium", "array_record", "nbclient", "nbformat", "ipykernel",
+                 "pyyaml", "matplotlib"],
         "gym": ["gymnasium"],
         "array_record": ["array_record"],
+        "cli": ["pyyaml", "matplotlib"],  # YAML table configs for `replay-tf serve`; `rlds-tf info --plot`
     },
     entry_points={"console_scripts": [
         "rlds-tf=rlds_tf.cli:main",

@@ -300,7 +300,7 @@ class _SampleStream:
         self._outstanding = count
         self._requests.put(self._request(count))
 
-    def next_batch(self) -> list:
+    def next_batch(self, poll_ms: Optional[float] = None) -> list:
         while True:
             if self._call is None:
                 self._open()
@@ -310,7 +310,11 @@ class _SampleStream:
                     self.close()  # re-open to rebalance across servers, as Reverb's sampler does
                     continue
                 self._ask()
-            first = self._results.get()
+            try:
+                # With poll_ms the request stays outstanding: the next call goes on waiting for it.
+                first = self._results.get(timeout=None if poll_ms is None else poll_ms / 1000.0)
+            except queue.Empty:
+                return []
             if isinstance(first, Exception):
                 self.close()
                 raise first

@@ -60,9 +60,14 @@ class InsertStream(Protocol):
 
 
 class SampleStream(Protocol):
-    def next_batch(self) -> list:
+    def next_batch(self, poll_ms: Optional[float] = None) -> list:
         """A flexible batch (>= 1) of `SampledItem`s; raises `DeadlineExceededError` on a rate-limiter
-        timeout and `ValueError` for an unknown table."""
+        timeout and `ValueError` for an unknown table.
+
+        With `poll_ms`, returns `[]` when no sample arrived within `poll_ms` milliseconds, having taken
+        nothing from the table; the next call goes on waiting (the rate-limiter timeout keeps running).
+        Callers that must stay cancellable (`TrajectoryDataset`) poll instead of blocking.
+        """
 
     def close(self) -> None:
         """Releases the stream."""
@@ -139,9 +144,29 @@ class _InProcessSampleStream:
         self._table = server.table(table)
         self._num_samples = num_samples_per_request
         self._timeout_ms = rate_limiter_timeout_ms
+        self._waiting_since: Optional[float] = None  # time.monotonic() of the first poll of this wait
 
-    def next_batch(self) -> list:
-        return self._table.sample(self._num_samples, timeout_ms=self._timeout_ms)
+    def next_batch(self, poll_ms: Optional[float] = None) -> list:
+        if poll_ms is None:
+            return self._table.sample(self._num_samples, timeout_ms=self._timeout_ms)
+        now = time.monotonic()
+        polled_before = self._waiting_since is not None
+        if not polled_before:
+            self._waiting_since = now
+        deadline = None if self._timeout_ms is None else self._waiting_since + self._timeout_ms / 1000.0
+        slice_ms = poll_ms if deadline is None else min(poll_ms, max(0.0, deadline - now) * 1000.0)
+        try:
+            # Table.sample is atomic: a slice that times out has sampled nothing.
+            batch = self._table.sample(self._num_samples, timeout_ms=slice_ms)
+        except errors.DeadlineExceededError:
+            if deadline is not None and time.monotonic() >= deadline:
+                self._waiting_since = None
+                raise
+            return []
+        self._waiting_since = None
+        if polled_before and batch:
+            batch[0] = batch[0]._replace(rate_limited=True)  # it waited over several polls
+        return batch
 
     def close(self) -> None:
         pass

@@ -5,6 +5,12 @@ column with numpy and yielded as one element per batch; `.unbatch()` in the grap
 single samples, so the Python cost is paid per batch, not per sample. A rate-limiter timeout
 (`rate_limiter_timeout_ms`) ends the iteration, as in Reverb.
 
+A sampler blocked on the rate limiter waits in slices of `_POLL_MS` and hands tf.data an empty batch
+after each slice, which the pipeline drops. tf.data cannot interrupt a Python function, but it checks
+for cancellation between elements: that is how dropping an iterator (or garbage collecting it) stops a
+blocked sampler promptly, as Reverb's cancellable sampler does. A slice that ends without a sample takes
+nothing from the table, so no item is lost or counted as sampled.
+
 >>> import replay_tf as reverb, tensorflow as tf, numpy as np
 >>> server = reverb.Server([reverb.Table.queue('q', 10, signature=tf.TensorSpec([1, 2], tf.float32))])
 >>> client = reverb.Client(f'localhost:{server.port}')
@@ -25,6 +31,9 @@ import tree
 from tensorflow.python.data.ops import dataset_ops
 
 from replay_tf import errors
+
+# How long (milliseconds) a blocked sampler waits before yielding control back to tf.data.
+_POLL_MS = 100
 
 
 class SampleInfo(NamedTuple):
@@ -196,7 +205,7 @@ class TrajectoryDataset(dataset_ops.DatasetV2):
 
     def _build(self) -> tf.data.Dataset:
         dataset = tf.data.Dataset.from_generator(self._generate_batches, output_signature=self._batch_specs(None))
-        return dataset.unbatch()
+        return dataset.unbatch()  # also drops the empty batches yielded while blocked
 
     def batch(self, batch_size, drop_remainder=False, num_parallel_calls=None, deterministic=None, name=None):
         """`tf.data.Dataset.batch`, computed without unbatching: batches of samples are stacked once, in
@@ -209,9 +218,13 @@ class TrajectoryDataset(dataset_ops.DatasetV2):
             return super().batch(batch_size, drop_remainder=drop_remainder, num_parallel_calls=num_parallel_calls,
                                  deterministic=deterministic, name=name)
         batch_size = int(batch_size)
-        specs = self._batch_specs(batch_size if drop_remainder else None)
-        return tf.data.Dataset.from_generator(lambda: self._generate_batches(batch_size, bool(drop_remainder)),
-                                              output_signature=specs)
+        dataset = tf.data.Dataset.from_generator(lambda: self._generate_batches(batch_size, bool(drop_remainder)),
+                                                 output_signature=self._batch_specs(None))
+        # Drop the empty batches yielded while blocked (see the module docstring).
+        dataset = dataset.filter(_non_empty)
+        if drop_remainder:
+            dataset = dataset.map(_ensure_batch_size(self._batch_specs(batch_size)))
+        return dataset
 
     def _check_columns(self, columns: list) -> None:
         if len(columns) != len(self._column_dtypes):
@@ -243,6 +256,12 @@ class TrajectoryDataset(dataset_ops.DatasetV2):
             data.append(out)
         return ReplaySample(_info_arrays(samples), tree.unflatten_as(self._data_structure, data))
 
+    def _empty(self) -> ReplaySample:
+        """A batch of zero samples (unknown dimensions set to 0)."""
+        data = [np.empty((0, *(0 if d is None else d for d in s.as_list())) if s.rank is not None else (0,),
+                         _numpy_dtype(dtype)) for dtype, s in zip(self._column_dtypes, self._column_shapes)]
+        return ReplaySample(_info_arrays([]), tree.unflatten_as(self._data_structure, data))
+
     def _generate_batches(self, batch_size: Optional[int] = None, drop_remainder: bool = False):
         """Yields `ReplaySample`s of stacked arrays: one per flexible batch of samples, or, with
         `batch_size`, batches of exactly that many (the last one smaller unless `drop_remainder`)."""
@@ -258,9 +277,12 @@ class TrajectoryDataset(dataset_ops.DatasetV2):
         try:
             while remaining is None or remaining > 0:
                 try:
-                    batch = stream.next_batch()
+                    batch = stream.next_batch(poll_ms=_POLL_MS)
                 except errors.DeadlineExceededError:
                     break  # a rate-limiter timeout ends the iteration, as in Reverb
+                if not batch:  # still blocked: let tf.data check for cancellation
+                    yield self._empty()
+                    continue
                 if remaining is not None:
                     batch = batch[:remaining]
                     remaining -= len(batch)
@@ -281,6 +303,19 @@ class TrajectoryDataset(dataset_ops.DatasetV2):
                 yield self._stack(pending)
         finally:
             stream.close()
+
+
+@tf.autograph.experimental.do_not_convert
+def _non_empty(sample: ReplaySample) -> tf.Tensor:
+    return tf.shape(sample.info.key)[0] > 0
+
+
+def _ensure_batch_size(specs: ReplaySample):
+    """A map function giving batches the static shapes of `specs`."""
+    @tf.autograph.experimental.do_not_convert
+    def ensure(sample: ReplaySample) -> ReplaySample:
+        return tree.map_structure(lambda x, spec: tf.ensure_shape(x, spec.shape), sample, specs)
+    return ensure
 
 
 def _aligned_empty(shape: tuple, dtype: np.dtype, alignment: int = 64) -> np.ndarray:

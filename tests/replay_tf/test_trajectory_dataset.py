@@ -189,3 +189,67 @@ def test_batch_gathers_items_spanning_chunks_and_squeezed_columns():
     assert batch.data["obs"].numpy().tolist() == expected_obs
     assert batch.data["act"].numpy().tolist() == [float(i) for i in range(2, 9)]
     server.stop()
+
+
+def _wait_until(condition, timeout_s=10.0):
+    import time
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.01)
+
+
+@pytest.fixture(params=["in_process", "grpc"])
+def queue_server(request, monkeypatch):
+    """A server with a 10-item queue of int32 [1] items, reached in-process or over gRPC."""
+    from replay_tf import _grpc_transport
+    from replay_tf import client as client_lib
+    server = reverb.Server([reverb.Table.queue("q", 10, signature=tf.TensorSpec([1], tf.int32))])
+    if request.param == "grpc":
+        monkeypatch.setattr(client_lib, "make_transport", _grpc_transport.Transport)
+    yield server
+    server.stop()
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_dropping_an_iterator_blocked_on_the_rate_limiter_cancels_its_sample(queue_server, batched):
+    # Regression: `del it` used to block forever in Table._wait (the prefetch thread never returned).
+    import threading
+    address = f"localhost:{queue_server.port}"
+    client = reverb.Client(address)
+    for i in range(2):
+        client.insert(np.int32(i), {"q": 1.0})
+    dataset = reverb.TrajectoryDataset.from_table_signature(address, "q", 1)
+    if batched:
+        dataset = dataset.batch(1, drop_remainder=True)
+    holder = [iter(dataset.prefetch(2))]
+    assert [np.asarray(next(holder[0]).data).ravel().tolist() for _ in range(2)] == [[0], [1]]
+    dropper = threading.Thread(target=holder.clear, daemon=True)  # drops the last reference
+    dropper.start()
+    dropper.join(10)
+    assert not dropper.is_alive(), "dropping the iterator hung"
+
+    table = queue_server.table("q")
+    _wait_until(lambda: table._num_waiting == 0)  # the server side of a gRPC stream gives up too
+    assert table.info.rate_limiter_info.sample_stats.completed == 2  # the cancelled sample is not counted
+    client.insert(np.int32(2), {"q": 1.0})
+    later = reverb.TrajectoryDataset.from_table_signature(address, "q", 1, rate_limiter_timeout_ms=500)
+    assert [int(s.data[0]) for s in later] == [2]  # not taken by the cancelled sampler
+    assert table.info.rate_limiter_info.sample_stats.completed == 3
+
+
+def test_closing_a_blocked_batch_generator_releases_its_stream(queue_server):
+    dataset = reverb.TrajectoryDataset.from_table_signature(f"localhost:{queue_server.port}", "q", 1)
+    batches = dataset._generate_batches()
+    empty = next(batches)  # nothing to sample: an empty batch after one poll, nothing taken
+    assert empty.info.key.shape == (0,) and empty.data.shape == (0, 1)
+    del batches  # garbage collection closes the generator and its stream
+    _wait_until(lambda: queue_server.table("q")._num_waiting == 0)
+    assert queue_server.table("q").info.rate_limiter_info.sample_stats.completed == 0
+
+
+def test_doctests():
+    import doctest
+    from replay_tf import trajectory_dataset
+    failures, _ = doctest.testmod(trajectory_dataset, raise_on_error=False, verbose=False)
+    assert failures == 0

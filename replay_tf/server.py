@@ -60,11 +60,21 @@ class Server:
       port: Port to serve on; `None` picks an unused one.
       checkpointer: Optional checkpointer with `save(server) -> str` and `load_latest(server) -> bool`
         (called at construction to restore the newest checkpoint).
-      host: Interface the network listener binds to (keyword-only; default localhost).
+      host: Interface the network listener binds to (keyword-only; default localhost). Reverb binds every
+        interface; pass "0.0.0.0" (or "[::]") for that, knowing the tables are then served unauthenticated.
+      max_message_bytes: Largest gRPC request the listener accepts, in bytes (keyword-only; `None` for the
+        default of `replay_tf.service.DEFAULT_MAX_MESSAGE_BYTES`, -1 for no limit). A larger request (e.g.
+        an insert carrying a huge chunk) fails with `RESOURCE_EXHAUSTED`; the server keeps serving. Reverb's
+        C++ server accepts messages of any size. In-process clients are never limited.
+
+    >>> server = Server([Table.queue('q', 10)], max_message_bytes=1 << 20)
+    >>> server.max_message_bytes
+    1048576
+    >>> server.stop()
     """
 
     def __init__(self, tables: Sequence[Table], port: Optional[int] = None, checkpointer=None, *,
-                 host: str = "localhost"):
+                 host: str = "localhost", max_message_bytes: Optional[int] = None):
         tables = list(tables or ())
         if not tables:
             raise ValueError("At least one table must be provided")
@@ -75,8 +85,14 @@ class Server:
         for table in tables:
             if not isinstance(table, Table):
                 raise TypeError(f"tables must be replay_tf.Table objects, got {table!r}")
+        if max_message_bytes is not None and (isinstance(max_message_bytes, bool) or max_message_bytes < 1
+                                              and max_message_bytes != -1):
+            raise ValueError(f"max_message_bytes ({max_message_bytes!r}) must be a positive number of bytes, -1 "
+                             f"for no limit, or None for the default")
         self._tables = {t.name: t for t in tables}
         self._host = host
+        #: Read by `replay_tf.service.start` when it starts the listener.
+        self.max_message_bytes = None if max_message_bytes is None else int(max_message_bytes)
         self._port = _pick_unused_port() if port is None else int(port)
         self._checkpointer = checkpointer
         self.chunk_store = ChunkStore()

@@ -133,3 +133,56 @@ def local_results():
 def test_matches_reverb(scenario, peer_results, local_results):
     assert (reverb_testlib.scenario_results(local_results, scenario)
             == reverb_testlib.scenario_results(peer_results, scenario))
+
+
+@pytest.mark.parametrize("max_message_bytes, error", [
+    (0, r"max_message_bytes \(0\) must be a positive number of bytes, -1 for no limit, or None"),
+    (-2, r"max_message_bytes \(-2\) must be"),
+    (True, r"max_message_bytes \(True\) must be"),
+])
+def test_server_rejects_bad_max_message_bytes(max_message_bytes, error):
+    with pytest.raises(ValueError, match=error):
+        reverb.Server([reverb.Table.queue("q", 10)], max_message_bytes=max_message_bytes)
+
+
+def test_server_refuses_requests_above_max_message_bytes_and_keeps_serving(monkeypatch):
+    import grpc
+    from replay_tf import _grpc_transport
+    from replay_tf import client as client_lib
+    from replay_tf import service
+    server = reverb.Server([reverb.Table.queue("q", 10)], max_message_bytes=64 << 10)
+    try:
+        assert server.max_message_bytes == 64 << 10 and server.host == "localhost"
+        monkeypatch.setattr(client_lib, "make_transport", _grpc_transport.Transport)
+        client = reverb.Client(f"localhost:{server.port}")
+        # Random bytes: Snappy cannot shrink them below the limit.
+        big = np.random.default_rng(0).integers(0, 255, 1 << 20, dtype=np.uint8)
+        with pytest.raises(reverb.ReverbError, match=r"RESOURCE_EXHAUSTED"):
+            client.insert(big, {"q": 1.0})
+        # A unary call too, checked by its gRPC status.
+        channel = grpc.insecure_channel(f"localhost:{server.port}")
+        call = channel.unary_unary(f"/{service.SERVICE_NAME}/MutatePriorities")
+        with pytest.raises(grpc.RpcError) as raised:
+            call(b"\x00" * (128 << 10), timeout=10)  # refused by size, before it is parsed
+        assert raised.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        channel.close()
+        client.insert(np.arange(10, dtype=np.uint8), {"q": 1.0})  # the server keeps serving
+        assert client.server_info()["q"].current_size == 1
+        sample = next(client.sample("q", emit_timesteps=False))
+        assert np.asarray(sample.data[0]).ravel().tolist() == list(range(10))
+    finally:
+        server.stop()
+
+
+def test_server_default_max_message_bytes_is_unset():
+    server = reverb.Server([reverb.Table.queue("q", 10)])
+    assert server.max_message_bytes is None
+    server.stop()
+
+
+def test_doctests():
+    import doctest
+    from replay_tf import client, server
+    for module in (client, server):
+        failures, _ = doctest.testmod(module, raise_on_error=False, verbose=False)
+        assert failures == 0, module.__name__

@@ -13,6 +13,7 @@ from replay_tf.buffers import TFUniformReplayBuffer
 from replay_tf.buffers import UniformReplayBuffer
 
 # --- replay server: tables, selectors, rate limiters, client, writers, datasets (replay_tf/core, ...) ---
+from replay_tf import checkpointers
 from replay_tf import rate_limiters
 from replay_tf import selectors
 from replay_tf import structured_writer
@@ -52,6 +53,7 @@ __all__ = [
     "TrajectoryColumn",
     "TrajectoryDataset",
     "TrajectoryWriter",
+    "checkpointers",
     "rate_limiters",
     "selectors",
     "structured",

@@ -146,3 +146,58 @@ def test_changed_rate_limiter_starts_balanced_instead_of_blocking(tmp_path):
     assert (state["inserts"], state["samples"], state["deletes"]) == (4, 0, 0)
     assert changed.tables["t"].can_insert(1) and changed.tables["t"].can_sample(1)
     changed.stop()
+
+
+def test_checkpointers_module_doctests():
+    import doctest
+    from replay_tf import checkpointers
+    failures, _ = doctest.testmod(checkpointers, raise_on_error=False, verbose=False)
+    assert failures == 0
+
+
+def test_default_checkpointer_round_trip_through_client_checkpoint(tmp_path):
+    def tables():
+        return [reverb.Table.queue("q", 10, signature=tf.TensorSpec([1], tf.int32))]
+
+    server = reverb.Server(tables(), checkpointer=reverb.checkpointers.DefaultCheckpointer(str(tmp_path)))
+    client = reverb.Client(f"localhost:{server.port}")
+    for i in range(3):
+        client.insert(np.int32(i), {"q": 1.0})
+    [first] = next(client.sample("q"))
+    assert int(first.data[0]) == 0
+    path = client.checkpoint()
+    assert os.path.dirname(path) == str(tmp_path)
+    server.stop()
+
+    restored = reverb.Server(tables(), checkpointer=reverb.checkpointers.DefaultCheckpointer(str(tmp_path)))
+    try:
+        info = restored.localhost_client().server_info()["q"]
+        assert info.current_size == 2
+        assert info.rate_limiter_info.insert_stats.completed == 3
+        assert info.rate_limiter_info.sample_stats.completed == 1
+        dataset = reverb.TrajectoryDataset.from_table_signature(restored.address, "q", 2, rate_limiter_timeout_ms=0)
+        assert [int(s.data[0]) for s in dataset] == [1, 2]
+    finally:
+        restored.stop()
+
+
+@pytest.mark.parametrize("make, error", [
+    (lambda path: reverb.checkpointers.DefaultCheckpointer(path, group="g"), r"group \('g'\) must be empty"),
+    (lambda path: reverb.checkpointers.default_checkpointer(group="g"), r"group \('g'\) must be None or empty"),
+])
+def test_checkpoint_groups_are_refused(tmp_path, make, error):
+    with pytest.raises(ValueError, match=error):
+        make(str(tmp_path))
+
+
+def test_temp_dir_and_default_checkpointers(tmp_path):
+    fallback = reverb.checkpointers.DefaultCheckpointer(str(tmp_path / "a"), fallback_checkpoint_path="/x")
+    assert fallback.path == str(tmp_path / "a") and fallback.fallback_checkpoint_path == "/x"
+    assert fallback.latest_checkpoint() == "/x"
+    first, second = reverb.checkpointers.default_checkpointer(), reverb.checkpointers.TempDirCheckpointer()
+    assert isinstance(first, reverb.checkpointers.TempDirCheckpointer)
+    assert isinstance(first, reverb.checkpointers.DirectoryCheckpointer)
+    assert first.path != second.path and os.path.isdir(first.path)
+    assert first.latest_checkpoint() is None
+    os.rmdir(first.path)
+    os.rmdir(second.path)

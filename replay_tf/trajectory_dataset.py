@@ -28,7 +28,6 @@ from typing import Any, NamedTuple, Optional
 import numpy as np
 import tensorflow as tf
 import tree
-from tensorflow.python.data.ops import dataset_ops
 
 from replay_tf import errors
 
@@ -90,7 +89,7 @@ def _info_arrays(batch: list) -> SampleInfo:
         times_sampled=np.array([s.times_sampled for s in batch], dtype=np.int32))
 
 
-class TrajectoryDataset(dataset_ops.DatasetV2):
+class TrajectoryDataset(tf.data.Dataset):
     """Reverb's `reverb.TrajectoryDataset`: samples of `table` as `ReplaySample(info, data)`.
 
     Args:

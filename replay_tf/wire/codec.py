@@ -17,7 +17,8 @@ True
 
 The conversions (`item_to_proto`, `trajectory_from_proto`, `table_info_to_proto`, ...) map the core's
 plain Python objects (`replay_tf.core`) to the `deepmind.reverb` messages and back; signatures travel as
-`tensorflow.StructuredValue` from TF's `nested_structure_coder`, as Reverb's Python layer encodes them.
+`tensorflow.StructuredValue`, written by `rlds_tf._structure_coder` (public APIs only) byte for byte as
+TF's private `nested_structure_coder` writes them for Reverb.
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ from replay_tf.core import rate_limiters as rate_limiters_lib
 from replay_tf.core import selectors as selectors_lib
 from replay_tf.core import table as table_lib
 from replay_tf.wire import schema_pb2
+from rlds_tf import _structure_coder as structure_coder
 
 __all__ = [
     "ChunkDecodeError",
@@ -403,18 +405,12 @@ def rate_limiter_info_from_proto(proto: schema_pb2.RateLimiterInfo) -> rate_limi
 
 def encode_signature(signature: Any):
     """A nest of `tf.TensorSpec` as the `tensorflow.StructuredValue` Reverb stores in `TableInfo`."""
-    from tensorflow.python.saved_model import nested_structure_coder  # noqa: PLC0415
-    return nested_structure_coder.encode_structure(signature)
+    return structure_coder.encode_structure(signature)
 
 
 def decode_signature(proto) -> Any:
     """The nest of `tf.TensorSpec` of a `StructuredValue` (bounded specs become plain `TensorSpec`s)."""
-    import tensorflow as tf  # noqa: PLC0415
-    from tensorflow.python.saved_model import nested_structure_coder  # noqa: PLC0415
-    decoded = nested_structure_coder.decode_proto(proto)
-    return tf.nest.map_structure(
-        lambda spec: tf.TensorSpec(spec.shape, spec.dtype, spec.name)
-        if isinstance(spec, tf.TensorSpec) and type(spec) is not tf.TensorSpec else spec, decoded)
+    return structure_coder.decode_structure(proto)
 
 
 def table_info_to_proto(info: table_lib.TableInfo) -> schema_pb2.TableInfo:

@@ -5,6 +5,8 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
+# Shared helpers that assert: pytest rewrites their asserts too (must happen before their first import).
+pytest.register_assert_rewrite("dataset_testlib", "reverb_testlib")
 
 import peer_testlib  # noqa: E402  (needs the path above)
 

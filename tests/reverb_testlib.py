@@ -13,6 +13,7 @@ import threading
 from typing import Any, Dict
 
 import numpy as np
+import pytest
 
 _PEER_RUNNER = r'''
 import reverb, tensorflow as tf
@@ -64,3 +65,26 @@ def run_local(scenarios: Dict[str, str], timeout_s: float = 60) -> Dict[str, Any
 def scenario_results(results: Dict[str, Any], name: str) -> Dict[str, Any]:
     prefix = name + "."
     return {k[len(prefix):]: v for k, v in results.items() if k.startswith(prefix)}
+
+
+def differential_tests(scenarios: Dict[str, str]):
+    """The fixtures and the test that compare `scenarios` as run by dm-reverb (peer venv) and by replay_tf.
+
+    Use at a test module's top level:
+      peer_results, local_results, test_matches_reverb = reverb_testlib.differential_tests(SCENARIOS)
+    Each scenario runs once per side for the whole module; `test_matches_reverb` is parametrized by scenario.
+    """
+    @pytest.fixture(scope="module", name="peer_results")
+    def peer_results_fixture(peer):
+        return run_peer(peer, scenarios)
+
+    @pytest.fixture(scope="module", name="local_results")
+    def local_results_fixture():
+        return run_local(scenarios)
+
+    @pytest.mark.peer
+    @pytest.mark.parametrize("scenario", sorted(scenarios))
+    def test_matches_reverb(scenario, peer_results, local_results):
+        assert scenario_results(local_results, scenario) == scenario_results(peer_results, scenario)
+
+    return peer_results_fixture, local_results_fixture, test_matches_reverb

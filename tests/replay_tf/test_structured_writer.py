@@ -108,18 +108,4 @@ for t in 'abcd':
 }
 
 
-@pytest.fixture(scope="module")
-def peer_results(peer):
-    return reverb_testlib.run_peer(peer, SCENARIOS)
-
-
-@pytest.fixture(scope="module")
-def local_results():
-    return reverb_testlib.run_local(SCENARIOS)
-
-
-@pytest.mark.peer
-@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
-def test_matches_reverb(scenario, peer_results, local_results):
-    assert (reverb_testlib.scenario_results(local_results, scenario)
-            == reverb_testlib.scenario_results(peer_results, scenario))
+peer_results, local_results, test_matches_reverb = reverb_testlib.differential_tests(SCENARIOS)

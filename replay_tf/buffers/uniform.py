@@ -33,9 +33,6 @@ import tensorflow as tf
 from replay_tf import specs
 from replay_tf.buffers import _ring
 
-# The concrete type of eager tensors (inputs of the flat fast call in `run_in_graph`).
-_EagerTensor = type(tf.constant(0))
-
 BufferInfo = collections.namedtuple("BufferInfo", ["ids", "probabilities"])
 BufferInfo.__doc__ = """Sample metadata, as TF-Agents' `replay_buffer.BufferInfo`.
 
@@ -477,11 +474,6 @@ def run_in_graph(owner, name: str, fn: Callable, *args, tensors=()):
                 out = fn(*args, *ts)
             return None if isinstance(out, tf.Operation) else out
         concrete = owner._functions[key] = tf.function(run, autograph=False).get_concrete_function(*tensors)
-    if all(type(t) is _EagerTensor for t in tensors):
-        # The key pins every input's dtype and shape to the trace's, so the flat call is safe; it skips
-        # ConcreteFunction.__call__'s signature binding and per-argument casts (~100 us per call).
-        # `_call_flat` still records on a GradientTape and packs the outputs like `__call__`.
-        return concrete._call_flat(list(tensors), concrete.captured_inputs)
     return concrete(*tensors)
 
 

@@ -1,0 +1,34 @@
+"""Prints the README's benchmark table (markdown) from `benchmarks/results/*.json`.
+
+`python -m benchmarks.run` writes the results; `python -m benchmarks.table` renders them, so the README
+table always comes from one recorded run per suite.
+"""
+import json
+import pathlib
+
+from benchmarks._harness import RESULTS_DIR
+
+_ORDER = ("recording", "loading", "patterns", "buffers", "server", "wire")
+
+
+def _fmt(value) -> str:
+    if not isinstance(value, (int, float)):
+        return "n/a"
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
+
+
+def render() -> str:
+    suites = {p.stem: json.loads(p.read_text()) for p in sorted(RESULTS_DIR.glob("*.json"))}
+    lines = ["| suite | workload | ours | peer | ratio | peer is | unit |", "|---|---|---|---|---|---|---|"]
+    for name in sorted(suites, key=lambda n: (_ORDER.index(n) if n in _ORDER else len(_ORDER), n)):
+        suite = suites[name]
+        for row in suite["rows"]:
+            ratio = row.get("ratio")
+            lines.append(f"| {name} ({suite['time'][:16]}) | {row['workload']} | {_fmt(row.get('ours'))} | "
+                         f"{_fmt(row.get('peer'))} | {f'{ratio:.2f}x' if ratio else ''} | "
+                         f"{row.get('peer_name', '')} | {row.get('unit', '')} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(render())

@@ -3,6 +3,7 @@
 `import rlds_tf as rlds` works for code written against `rlds`.
 """
 from rlds_tf import metadata
+from rlds_tf import patterns
 from rlds_tf import recording
 from rlds_tf import tfds
 from rlds_tf import transformations
@@ -63,6 +64,7 @@ __all__ = [
     "load_stacked",
     "load_steps",
     "metadata",
+    "patterns",
     "recording",
     "tfds",
     "transformations",

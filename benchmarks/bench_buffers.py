@@ -25,20 +25,8 @@ BATCH, LENGTH, SAMPLE, STEPS = 32, 1000, 256, 2
 SMALL_BYTES = (3 + 5 + 6) * 4
 ATARI_BYTES = 84 * 84 * 4 + 4 + 4
 
-_COMMON = f'''
-import time
+_COMMON = _harness.PEER_BEST_RATE + f'''
 BATCH, LENGTH, SAMPLE, STEPS = {BATCH}, {LENGTH}, {SAMPLE}, {STEPS}
-def best_rate(fn, repeats=3, min_seconds=0.5):
-    best = 0.0
-    for _ in range(repeats):
-        count, start = 0, time.perf_counter()
-        while True:
-            count += fn()
-            elapsed = time.perf_counter() - start
-            if elapsed >= min_seconds:
-                break
-        best = max(best, count / elapsed)
-    return best
 '''
 
 _TF_SPECS = '''

@@ -64,18 +64,7 @@ def main() -> None:
         peer = _harness.peer()
         theirs = None
         if peer is not None:
-            code = ("import time, tensorflow_datasets as tfds\n" + _COUNT + """
-def best_rate(fn, repeats=3, min_seconds=0.5):
-    best = 0.0
-    for _ in range(repeats):
-        count, start = 0, time.perf_counter()
-        while True:
-            count += fn()
-            elapsed = time.perf_counter() - start
-            if elapsed >= min_seconds:
-                break
-        best = max(best, count / elapsed)
-    return best
+            code = (_harness.PEER_BEST_RATE + "import tensorflow_datasets as tfds\n" + _COUNT + """
 ds = tfds.builder_from_directory(INPUTS['dir']).as_dataset(split='train').flat_map(lambda e: e['steps'])
 emit('rate', best_rate(count_steps(ds.batch(%d))))
 """ % BATCH)

@@ -69,20 +69,7 @@ if STACKED:
     results['pairs_checkpointable'] = drain(rlds.transformations.batch(steps, size=2, shift=1, checkpointable=True))
 """.format(episodes=NUM_EPISODES, length=EPISODE_LENGTH)
 
-_BEST_RATE = '''
-import time
-def best_rate(fn, repeats=3, min_seconds=0.5):
-    best = 0.0
-    for _ in range(repeats):
-        count, start = 0, time.perf_counter()
-        while True:
-            count += fn()
-            elapsed = time.perf_counter() - start
-            if elapsed >= min_seconds:
-                break
-        best = max(best, count / elapsed)
-    return best
-'''
+_BEST_RATE = _harness.PEER_BEST_RATE
 
 
 def _ours() -> dict:

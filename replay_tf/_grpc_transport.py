@@ -33,6 +33,7 @@ from replay_tf.core import table as table_lib
 from replay_tf.wire import codec
 from replay_tf.wire import reverb_service_pb2
 from replay_tf.wire import schema_pb2
+from replay_tf.wire import _raw
 
 _SERVICE = "/deepmind.reverb.ReverbService/"
 _CHANNEL_OPTIONS = [
@@ -161,7 +162,7 @@ class _InsertStream:
             request.keep_chunk_keys.extend(self._sent.keys())
             serialized = request.SerializeToString()
             # ChunkData bytes are appended as repeated field 1 (chunks) without re-parsing them.
-            yield b"".join([serialized] + [b"\x0a" + _varint(len(c)) + c for c in chunks])
+            yield b"".join([serialized] + [b"\x0a" + _raw.varint(len(c)) + c for c in chunks])
             if closing:
                 return
 
@@ -218,15 +219,6 @@ class _InsertStream:
             self._call.cancel()
             self._reader.join(_CLOSE_TIMEOUT_S)
         self._call = None
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 class _SampleStream:

@@ -34,6 +34,7 @@ from replay_tf.core import rate_limiters as rate_limiters_lib
 from replay_tf.core import selectors as selectors_lib
 from replay_tf.core import table as table_lib
 from replay_tf.wire import schema_pb2
+from replay_tf.wire import _raw
 from rlds_tf import _structure_coder as structure_coder
 
 __all__ = [
@@ -180,15 +181,6 @@ def decode_tensor(proto, *, delta_encoded: bool = False) -> np.ndarray:
     return out
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def _as_bytes(value) -> bytes:
     if isinstance(value, bytes):
         return value
@@ -202,7 +194,7 @@ def _as_bytes(value) -> bytes:
 def _encode_string_list(array: np.ndarray) -> bytes:
     # TF's EncodeStringList: every length as a varint, then every string's bytes.
     values = [_as_bytes(v) for v in array.reshape(-1)]
-    return b"".join([_varint(len(v)) for v in values] + values)
+    return b"".join([_raw.varint(len(v)) for v in values] + values)
 
 
 def _decode_string_list(content: bytes, count: int) -> list:

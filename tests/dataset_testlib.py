@@ -57,3 +57,21 @@ def assert_nested_equal(actual: Any, expected: Any, *, rtol: float = 0.0, atol: 
 def flatten_with_paths(nest: Any) -> dict[str, Any]:
     """`{'a/b': leaf}` for every leaf of a nest: the same keys `emit_tree` uses in the peer."""
     return {"/".join(str(p) for p in path): leaf for path, leaf in tree.flatten_with_path(nest)}
+
+
+def assert_iterator_checkpoint_roundtrip(dataset: tf.data.Dataset, directory, num_before: int) -> None:
+    """Saves an iterator of `dataset` after `num_before` elements with `tf.train.Checkpoint`, then asserts that
+    the elements before and after the save make up the whole dataset, and that restoring the save replays
+    exactly the elements after it."""
+    def listed(elements):
+        return [tf.nest.map_structure(lambda v: v.numpy().tolist(), element) for element in elements]
+
+    full = listed(dataset)
+    iterator = iter(dataset)
+    head = listed(next(iterator) for _ in range(num_before))
+    checkpoint = tf.train.Checkpoint(it=iterator)
+    path = checkpoint.save(str(directory / f"ckpt-{num_before}"))
+    rest = listed(iterator)
+    assert head + rest == full, f"saving after {num_before} elements changed what the iterator yields"
+    checkpoint.restore(path)
+    assert listed(iterator) == rest, f"restoring the save made after {num_before} elements did not replay the rest"

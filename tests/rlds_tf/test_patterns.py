@@ -10,6 +10,7 @@ import pytest
 import tensorflow as tf
 import tree
 
+from dataset_testlib import assert_iterator_checkpoint_roundtrip
 from dataset_testlib import assert_nested_equal
 from rlds_tf import patterns
 from rlds_tf import transformations
@@ -227,15 +228,7 @@ def test_steps_with_unknown_shapes_and_strings():
 def test_iterator_is_checkpointable(tmp_path):
     configs = _configs("configs = [sw.create_config(ref['x'][-3:], 't', conditions=[C.steps_since_applied() >= 2])]")
     ds = transformations.pattern_map(_episodes(), configs)
-    full = [x.numpy().tolist() for x in ds]
-    it = iter(ds)
-    head = [next(it).numpy().tolist() for _ in range(2)]
-    ckpt = tf.train.Checkpoint(it=it)
-    path = ckpt.save(str(tmp_path / "ckpt"))
-    rest = [x.numpy().tolist() for x in it]
-    assert head + rest == full
-    ckpt.restore(path)
-    assert [x.numpy().tolist() for x in it] == rest
+    assert_iterator_checkpoint_roundtrip(ds, tmp_path, num_before=2)
 
 
 def test_cardinality_of_infinite_input_is_infinite():

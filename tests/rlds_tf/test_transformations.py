@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from dataset_testlib import assert_iterator_checkpoint_roundtrip
 from dataset_testlib import flatten_with_paths
 from rlds_tf import transformations as T
 
@@ -202,15 +203,7 @@ def test_batch_rejects_bad_arguments(kwargs, match):
 
 def test_batch_iterator_is_checkpointable(tmp_path):
     ds = T.batch(tf.data.Dataset.range(10), size=3, shift=1, checkpointable=True)
-    full = [x.numpy().tolist() for x in ds]
-    it = iter(ds)
-    head = [next(it).numpy().tolist() for _ in range(4)]
-    ckpt = tf.train.Checkpoint(it=it)
-    path = ckpt.save(str(tmp_path / "ckpt"))
-    rest = [x.numpy().tolist() for x in it]
-    assert head + rest == full
-    ckpt.restore(path)
-    assert [x.numpy().tolist() for x in it] == rest
+    assert_iterator_checkpoint_roundtrip(ds, tmp_path, num_before=4)
 
 
 @pytest.mark.parametrize("size,shift,stride,drop", [(2, 1, 1, False), (3, 2, 2, False), (3, 1, 2, True),

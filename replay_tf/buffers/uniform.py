@@ -210,11 +210,14 @@ class UniformReplayBuffer(tf.Module):
         ends = tensors[-1] if self._episode_end_fn is not None else None
         # Dimensions unknown while tracing are checked when the graph runs (EnsureShape feeds the write,
         # so a wrong batch fails before anything is written).
+        # The checks run one after another in flatten order, so a wrong batch is always reported for the
+        # same (first) leaf rather than for whichever check TF happens to schedule first.
         checks = []
         for i, (value, leaf) in enumerate(zip(flat, tf.nest.flatten(self._data_spec))):
             expected = tf.TensorShape([self._batch_size]).concatenate(leaf.shape)
             if not value.shape.is_fully_defined():
-                flat[i] = tf.ensure_shape(value, expected)
+                with tf.control_dependencies(checks[-1:]):
+                    flat[i] = tf.ensure_shape(value, expected)
                 checks.append(flat[i])  # the step id is claimed only after the shape check passed
         published, _ = _ring.write(self._state, flat, self._batch_size, self._max_length, ends,
                                    deps=list(deps) + checks)

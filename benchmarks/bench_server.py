@@ -15,12 +15,11 @@ import subprocess
 import sys
 
 from benchmarks import _harness
+from benchmarks import _reverb_workload
 
 NUM_STEPS = int(os.environ.get("BENCH_SERVER_STEPS", "20000"))
 
-WORKLOAD = r'''
-import time
-import numpy as np
+WORKLOAD = _reverb_workload.SOURCE + r'''
 import tensorflow as tf
 
 def _rss_bytes():
@@ -37,39 +36,20 @@ def run_case(spec_name, sampler_name, num_steps, num_batches):
     server = reverb.Server([table])
     address = f'localhost:{server.port}'
     client = reverb.Client(address)
-    rng = np.random.default_rng(0)
-    observations = rng.integers(0, 256, size=[64, *obs_shape], dtype=np.uint8)
-    actions = rng.random([64, 2], dtype=np.float32)
+    steps = make_steps(obs_shape)
     rss_before = _rss_bytes()
-    start = time.perf_counter()
-    with client.trajectory_writer(num_keep_alive_refs=3) as writer:
-        for i in range(num_steps):
-            writer.append({'action': actions[i % 64], 'observation': observations[i % 64]})
-            if i >= 2:
-                writer.create_item('t', float(i % 10 + 1), {'action': writer.history['action'][-3:],
-                                                          'observation': writer.history['observation'][-3:]})
-    insert_rate = num_steps / (time.perf_counter() - start)
-    step_bytes = observations[0].nbytes + actions[0].nbytes
+    insert_rate = write_items(client, 't', steps, num_steps, priority=lambda i: float(i % 10 + 1))
+    step_bytes = steps[0][0].nbytes + steps[1][0].nbytes
     memory_per_byte = (_rss_bytes() - rss_before) / (num_steps * step_bytes)
-    dataset = reverb.TrajectoryDataset.from_table_signature(address, 't', max_in_flight_samples_per_worker=512)
-    iterator = iter(dataset.batch(256))
-    next(iterator)
-    best = 0.0
-    for _ in range(2):
-        start = time.perf_counter()
-        for _ in range(num_batches):
-            batch = next(iterator)
-        best = max(best, 256 * num_batches / (time.perf_counter() - start))
-    assert batch.data['observation'].shape == (256, 3, *obs_shape)
-    del iterator, dataset, batch
+    best = sample_rate(address, 't', obs_shape, num_batches)
     server.stop()
     return insert_rate, best, memory_per_byte
 
 for spec_name, sampler_name in CASES:
     num_batches = 60 if spec_name == 'small' else 12
-    insert_rate, sample_rate, memory_per_byte = run_case(spec_name, sampler_name, NUM_STEPS, num_batches)
+    insert_rate, samples_per_s, memory_per_byte = run_case(spec_name, sampler_name, NUM_STEPS, num_batches)
     emit(f'{spec_name}/{sampler_name}/insert', insert_rate)
-    emit(f'{spec_name}/{sampler_name}/sample', sample_rate)
+    emit(f"{spec_name}/{sampler_name}/sample", samples_per_s)
     emit(f'{spec_name}/{sampler_name}/memory', memory_per_byte)
 '''
 

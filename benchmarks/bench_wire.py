@@ -17,6 +17,7 @@ import sys
 import textwrap
 
 from benchmarks import _harness
+from benchmarks import _reverb_workload
 
 NUM_STEPS = int(os.environ.get("BENCH_WIRE_STEPS", "10000"))
 SPECS = {"small": ([10, 10], 60), "atari": ([84, 84, 4], 12)}  # observation shape, batches per measurement
@@ -35,41 +36,18 @@ sys.stdin.read()  # serve until the benchmark closes our stdin
 server.stop()
 '''
 
-CLIENT = r'''
-import time
-import numpy as np
-
+CLIENT = _reverb_workload.SOURCE + r'''
 def run_case(address, spec_name, obs_shape, num_steps, num_batches):
     client = reverb.Client(address)
     table = f"t_{spec_name}"
     client.reset(table)
-    rng = np.random.default_rng(0)
-    observations = rng.integers(0, 256, size=[64, *obs_shape], dtype=np.uint8)
-    actions = rng.random([64, 2], dtype=np.float32)
-    start = time.perf_counter()
-    with client.trajectory_writer(num_keep_alive_refs=3) as writer:
-        for i in range(num_steps):
-            writer.append({"action": actions[i % 64], "observation": observations[i % 64]})
-            if i >= 2:
-                writer.create_item(table, 1.0, {"action": writer.history["action"][-3:],
-                                                "observation": writer.history["observation"][-3:]})
-    insert_rate = num_steps / (time.perf_counter() - start)
-    dataset = reverb.TrajectoryDataset.from_table_signature(address, table, max_in_flight_samples_per_worker=512)
-    iterator = iter(dataset.batch(256))
-    next(iterator)
-    best = 0.0
-    for _ in range(2):
-        start = time.perf_counter()
-        for _ in range(num_batches):
-            batch = next(iterator)
-        best = max(best, 256 * num_batches / (time.perf_counter() - start))
-    assert batch.data["observation"].shape == (256, 3, *obs_shape)
-    return insert_rate, best
+    insert_rate = write_items(client, table, make_steps(obs_shape), num_steps)
+    return insert_rate, sample_rate(address, table, obs_shape, num_batches)
 
 for spec_name, (obs_shape, num_batches) in SPECS.items():
-    insert_rate, sample_rate = run_case(ADDRESS, spec_name, obs_shape, NUM_STEPS, num_batches)
+    insert_rate, samples_per_s = run_case(ADDRESS, spec_name, obs_shape, NUM_STEPS, num_batches)
     emit(f"{spec_name}/insert", insert_rate)
-    emit(f"{spec_name}/sample", sample_rate)
+    emit(f"{spec_name}/sample", samples_per_s)
 '''
 
 

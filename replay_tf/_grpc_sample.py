@@ -1,0 +1,201 @@
+"""Sample streams of the remote transport (see `replay_tf._grpc_transport` for the design)."""
+from __future__ import annotations
+
+import collections
+import queue
+import threading
+from typing import Optional
+
+import grpc
+
+from replay_tf import _grpc_common as common
+from replay_tf import errors
+from replay_tf.core import chunk_store as chunk_store_lib
+from replay_tf.core import table as table_lib
+from replay_tf.wire import codec
+from replay_tf.wire import reverb_service_pb2
+from replay_tf.wire import schema_pb2
+
+
+class SampleStream:
+    """A `SampleStream` of `replay_tf.client` over gRPC SampleStream calls."""
+
+    def __init__(self, channel: grpc.Channel, table: str, num_samples_per_request: int,
+                 rate_limiter_timeout_ms: Optional[int], max_samples_per_stream: Optional[int]):
+        if num_samples_per_request < 1:
+            raise ValueError(f"num_samples_per_request ({num_samples_per_request}) must be >= 1")
+        self._method = channel.stream_stream(common.SERVICE + "SampleStream", request_serializer=common.identity,
+                                             response_deserializer=common.identity)
+        self._table = table
+        self._num_samples = num_samples_per_request
+        self._max_samples_per_stream = max_samples_per_stream
+        timeout = -1 if rate_limiter_timeout_ms is None or rate_limiter_timeout_ms < 0 else rate_limiter_timeout_ms
+        if timeout == 0:
+            timeout = 1  # Reverb servers read 0 as "wait forever"; the caller asked not to wait
+        self._timeout_ms = timeout
+        self._requests: Optional[queue.Queue] = None
+        self._results: Optional[queue.Queue] = None
+        self._call = None
+        self._outstanding = 0        # samples asked for and not yet received
+        self._stream_samples = 0     # samples received on the current call
+
+    def _request(self, count: int) -> bytes:
+        request = reverb_service_pb2.SampleStreamRequest(table=self._table, num_samples=count)
+        request.rate_limiter_timeout.milliseconds = self._timeout_ms
+        return request.SerializeToString()
+
+    def _open(self) -> None:
+        self._requests = queue.Queue()
+        self._results = queue.Queue()
+        requests, results = self._requests, self._results
+
+        def iterate():
+            while True:
+                request = requests.get()
+                if request is common.CLOSE:
+                    return
+                yield request
+
+        call = self._method(iterate(), wait_for_ready=True)
+        self._call = call
+        self._stream_samples = 0
+        self._outstanding = 0
+        # Responses are read and decoded by a thread, so that `next_batch` can hand out every sample that
+        # has arrived (up to a request's worth) instead of one response's worth.
+        threading.Thread(target=self._read, args=(call, results), name="replay_tf-sample-stream",
+                         daemon=True).start()
+
+    def _read(self, call, results: queue.Queue) -> None:
+        partial: list = [None]  # (info, {chunk key: Chunk}) of a sample split over responses
+        cache: "collections.OrderedDict" = collections.OrderedDict()  # this call's decoded chunks
+        try:
+            for raw in call:
+                batch = self._samples(reverb_service_pb2.SampleStreamResponse.FromString(raw), partial, cache)
+                if batch:
+                    results.put(batch)
+            results.put(errors.ReverbError(f"SampleStream of table '{self._table}' ended before the samples "
+                                           f"asked for arrived"))
+        except grpc.RpcError as e:
+            results.put(common.translate_error(e, f"Sampling table '{self._table}' failed"))
+        except Exception as e:  # noqa: BLE001  (a malformed response ends this stream, with its reason)
+            results.put(errors.ReverbError(f"SampleStream of table '{self._table}' sent an unreadable "
+                                           f"response: {type(e).__name__}: {e}"))
+
+    def _ask(self) -> None:
+        count = self._num_samples
+        if self._max_samples_per_stream is not None:
+            count = min(count, self._max_samples_per_stream - self._stream_samples)
+        self._outstanding = count
+        self._requests.put(self._request(count))
+
+    def next_batch(self, poll_ms: Optional[float] = None) -> list:
+        while True:
+            if self._call is None:
+                self._open()
+            if self._outstanding == 0:
+                if (self._max_samples_per_stream is not None
+                        and self._stream_samples >= self._max_samples_per_stream):
+                    self.close()  # re-open to rebalance across servers, as Reverb's sampler does
+                    continue
+                self._ask()
+            try:
+                # With poll_ms the request stays outstanding: the next call goes on waiting for it.
+                first = self._results.get(timeout=None if poll_ms is None else poll_ms / 1000.0)
+            except queue.Empty:
+                return []
+            if isinstance(first, Exception):
+                self.close()
+                raise first
+            batch = first
+            # Everything else that has arrived, up to the rest of the request.
+            while len(batch) < self._outstanding:
+                try:
+                    more = self._results.get_nowait()
+                except queue.Empty:
+                    break
+                if isinstance(more, Exception):
+                    self._results.put(more)  # raised by the next call, after these samples
+                    break
+                batch = batch + more
+            self._outstanding -= len(batch)
+            self._stream_samples += len(batch)
+            return batch
+
+    @staticmethod
+    def _chunk(proto: schema_pb2.ChunkData, cache) -> chunk_store_lib.Chunk:
+        """The decoded chunk of `proto`, decoded once per call."""
+        r = proto.sequence_range
+        key = proto.chunk_key
+        end = r.end
+        # A chunk of one key may have grown (in-process writers' open chunks): key the cache by its rows too.
+        cache_key = (key, end)
+        chunk = cache.get(cache_key)
+        if chunk is not None:
+            cache.move_to_end(cache_key)
+            return chunk
+        chunk = chunk_store_lib.Chunk(key, codec.decode_chunk_tensors(proto),
+                                      chunk_store_lib.SequenceRange(r.episode_id, r.start, end, r.sparse),
+                                      delta_encoded=proto.delta_encoded)
+        cache[cache_key] = chunk
+        if len(cache) > common.CHUNK_CACHE_SIZE:
+            cache.popitem(last=False)
+        return chunk
+
+    def _samples(self, response, partial: list, cache) -> list:
+        out = []
+        for entry in response.entries:
+            if entry.HasField("info"):
+                partial[0] = (entry.info, {})
+            if partial[0] is None:
+                raise errors.ReverbError("SampleStream sent sample data before its info")
+            chunks = partial[0][1]
+            for proto in entry.data:
+                chunks[proto.chunk_key] = self._chunk(proto, cache)
+            if entry.end_of_sequence:
+                info, chunks = partial[0]
+                partial[0] = None
+                item_proto = info.item
+                priority, times_sampled = item_proto.priority, item_proto.times_sampled
+                item = _sampled_item(item_proto.key, priority, times_sampled, item_proto.flat_trajectory, chunks)
+                out.append(table_lib.SampledItem(item, priority, times_sampled, info.probability, info.table_size,
+                                                 info.rate_limited))
+        return out
+
+    def close(self) -> None:
+        if self._call is not None:
+            self._requests.put(common.CLOSE)
+            try:
+                self._call.cancel()
+            except Exception:  # noqa: BLE001  (grpc may already be torn down at interpreter exit)
+                pass
+            self._call = None
+
+
+def _sampled_item(key: int, priority: float, times_sampled: int, trajectory_proto,
+                  chunks: dict) -> chunk_store_lib.Item:
+    """A core `Item` for a sample, built from its proto and decoded chunks (bounds checked here, so the
+    item is made with `Item.from_resolved`: a sample is unpacked once, full validation would only cost)."""
+    columns, episode_ids = [], set()
+    for column in trajectory_proto.columns:
+        flat = [column.squeeze]
+        for s in column.chunk_slices:
+            chunk = chunks.get(s.chunk_key)
+            if chunk is None:
+                raise errors.ReverbError(f"sampled item {key} refers to chunk {s.chunk_key}, which the server did "
+                                         f"not send with it")
+            start, index = s.offset, s.index
+            stop = start + s.length
+            if start < 0 or stop > chunk.num_rows or stop <= start or not 0 <= index < len(chunk.tensors):
+                raise errors.ReverbError(f"sampled item {key}: slice [{start}, {stop}) of tensor {index} is out of "
+                                         f"chunk {s.chunk_key}'s {len(chunk.tensors)} tensors of {chunk.num_rows} "
+                                         f"rows")
+            flat += (chunk, index, start, stop)
+            episode_ids.add(chunk.sequence_range.episode_id)
+        if len(flat) == 1:
+            raise errors.ReverbError(f"sampled item {key} has a column without chunk slices")
+        columns.append(tuple(flat))
+    if not columns:
+        raise errors.ReverbError(f"sampled item {key} has no columns")
+    item = chunk_store_lib.Item.from_resolved(key, priority, tuple(columns), frozenset(episode_ids))
+    item.times_sampled = times_sampled
+    return item

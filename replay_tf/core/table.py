@@ -221,9 +221,13 @@ class Table:
     # --- validation ---
 
     def check_priority(self, key: int, priority: float) -> None:
-        """ValueError for a NaN priority, or a negative one when a selector is `Prioritized`."""
+        """ValueError for a NaN priority, or a negative or infinite one when a selector is `Prioritized`."""
         if math.isnan(priority):
             raise ValueError(f"priority of item {key} for table '{self._name}' is NaN; priorities must be numbers")
+        if math.isinf(priority) and self._prioritized:
+            # An infinite priority turns the sum tree's totals into inf - inf = NaN: sampling would fail.
+            raise ValueError(f"priority ({priority}) of item {key} must be finite: table '{self._name}' uses a "
+                             f"Prioritized selector")
         if priority < 0 and self._prioritized:
             raise ValueError(f"priority ({priority}) of item {key} must be >= 0: table '{self._name}' uses a "
                              f"Prioritized selector")

@@ -45,6 +45,7 @@ def test_server_errors():
 @pytest.mark.parametrize("priority, sampler, error", [
     (float("nan"), reverb.selectors.Uniform(), "is NaN"),
     (-1.0, reverb.selectors.Prioritized(1.0), r"priority \(-1.0\) of item 1 must be >= 0"),
+    (float("inf"), reverb.selectors.Prioritized(1.0), r"priority \(inf\) of item 1 must be finite"),
 ])
 def test_bad_priorities(priority, sampler, error):
     table = _table(sampler=sampler)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import datetime
+import threading
 import time
 from typing import Any, Dict, Optional
 
@@ -13,48 +14,103 @@ from replay_tf.core.chunk_store import Item
 
 
 class InsertStream:
-    """Inserts straight into the tables; items the rate limiter refuses wait here until `flush`."""
+    """Inserts straight into the tables; items the rate limiter refuses are inserted in the background.
+
+    As Reverb's writers send items asynchronously, an item the rate limiter refuses does not wait for the
+    next writer call: it joins a queue that a worker thread of this stream (started when first needed, gone
+    after a second without work) inserts in order, each as soon as its table admits it. Items of one stream
+    are inserted in `send` order: while items wait, later ones queue behind them. An unblocked insert
+    (empty queue, table admitting) happens in the calling thread with no hand-off. `flush` waits for the
+    queue; `close` drops the items still queued (an item being admitted at that moment may still land).
+    """
 
     supports_open_chunks = True
+    _IDLE_S = 1.0     # a worker without work for this long exits (a later refusal starts a new one)
+    _SLICE_MS = 250   # the worker re-checks `close` at least this often while its table refuses
 
     def __init__(self, server: server_lib.Server):
         self._server = server
-        self._pending: collections.deque = collections.deque()
+        self._pending: collections.deque = collections.deque()  # (table, item), oldest first
+        self._cv = threading.Condition(threading.Lock())
+        self._worker: Optional[threading.Thread] = None
+        self._error: Optional[Exception] = None
+        self._closed = False
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
 
     def send(self, table: str, item: Item) -> None:
         # As in Reverb, the table does not check items against its signature: writers do (validate_items).
         target = self._server.table(table)
-        self._pending.append((target, item))
-        self._drain(0, deadline=time.monotonic())
-
-    def _drain(self, block_until_num_items: int, deadline: Optional[float]) -> bool:
-        """Inserts pending items in order until at most `block_until_num_items` remain; False on timeout.
-
-        `deadline` is a `time.monotonic()` value, or None to wait as long as it takes.
-        """
-        pending = self._pending
-        while len(pending) > block_until_num_items:
-            table, item = pending[0]
-            timeout_ms = None if deadline is None else max(0.0, deadline - time.monotonic()) * 1000.0
+        if not self._pending:  # only this thread adds items, so the worker is idle: insert here
+            self._raise_if_failed()
             try:
-                table.insert_or_assign(item, timeout_ms=timeout_ms)
+                target.insert_or_assign(item, timeout_ms=0)
+                return
             except errors.DeadlineExceededError:
-                return False
-            pending.popleft()
-        return True
+                pass
+        with self._cv:
+            self._raise_if_failed()
+            self._pending.append((target, item))
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._work, name="replay_tf-inprocess-insert", daemon=True)
+                self._worker.start()
+            else:
+                self._cv.notify_all()
+
+    def _work(self) -> None:
+        """The worker: inserts queued items in order, blocking (in slices) while the table refuses."""
+        cv = self._cv
+        while True:
+            with cv:
+                if not self._pending and not self._closed:
+                    cv.wait(self._IDLE_S)
+                if not self._pending or self._closed:
+                    self._worker = None
+                    cv.notify_all()
+                    return
+                table, item = self._pending[0]
+            try:
+                table.insert_or_assign(item, timeout_ms=self._SLICE_MS)
+            except errors.DeadlineExceededError:
+                continue  # still refused: check `close`, then wait again
+            except Exception as e:  # noqa: BLE001  (raised by the next send/flush, as the remote stream does)
+                with cv:
+                    self._error = e
+                    self._pending.clear()
+                    self._worker = None
+                    cv.notify_all()
+                return
+            with cv:
+                if self._pending and self._pending[0][1] is item:
+                    self._pending.popleft()
+                cv.notify_all()
 
     def flush(self, block_until_num_items: int = 0, timeout_ms: Optional[int] = None) -> None:
         deadline = None if timeout_ms is None or timeout_ms < 0 else time.monotonic() + timeout_ms / 1000.0
-        if not self._drain(block_until_num_items, deadline):
-            raise errors.DeadlineExceededError(
-                f"Flush call did not complete within provided timeout of "
-                f"{datetime.timedelta(milliseconds=timeout_ms)}")
+        with self._cv:
+            while len(self._pending) > block_until_num_items and self._error is None:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise errors.DeadlineExceededError(
+                        f"Flush call did not complete within provided timeout of "
+                        f"{datetime.timedelta(milliseconds=timeout_ms)}")
+                self._cv.wait(remaining)
+            self._raise_if_failed()
 
     def num_pending(self) -> int:
         return len(self._pending)
 
     def close(self) -> None:
-        self._pending.clear()
+        with self._cv:
+            self._closed = True
+            self._pending.clear()
+            self._cv.notify_all()
+            worker = self._worker
+        if worker is not None and worker is not threading.current_thread():
+            worker.join(self._SLICE_MS / 1000.0 * 4)
 
 
 class SampleStream:

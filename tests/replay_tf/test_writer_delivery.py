@@ -1,0 +1,122 @@
+"""Writer delivery: rate-limited items inserted in the background (in-process transport)."""
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import replay_tf as reverb
+from replay_tf import errors
+
+
+def _server(rate_limiter):
+    return reverb.Server([reverb.Table("t", reverb.selectors.Fifo(), reverb.selectors.Fifo(), 100, rate_limiter)])
+
+
+def _queue(max_size):
+    return reverb.Server([reverb.Table.queue("t", max_size)])
+
+
+def _write(writer, values):
+    for i in values:
+        writer.append({"a": np.int64(i)})
+        writer.create_item("t", 1.0, writer.history["a"][-1:])
+
+
+def _take(table, n, timeout_ms=10_000):
+    """The values of the next `n` items sampled (one at a time) from the table."""
+    return [int(table.sample(1, timeout_ms=timeout_ms)[0].item.column_arrays()[0][0]) for _ in range(n)]
+
+
+def _wait_until(predicate, timeout_s=10.0):
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.01)
+
+
+def test_queue_items_blocked_by_the_limiter_arrive_without_writer_calls():
+    server = _queue(1)
+    table = server.table("t")
+    writer = server.localhost_client().trajectory_writer(num_keep_alive_refs=1)
+    _write(writer, range(6))  # the queue holds one: five items wait
+    assert len(table) == 1
+    got = []
+    sampler = threading.Thread(target=lambda: got.extend(_take(table, 6)))
+    sampler.start()
+    sampler.join(30)
+    # Every item came through, in order, with no writer call after create_item.
+    assert got == [0, 1, 2, 3, 4, 5]
+    writer.flush(timeout_ms=5000)  # nothing left
+    writer.close()
+    server.stop()
+
+
+def test_sample_to_insert_ratio_admits_waiting_items_as_samples_come():
+    # spi=1, min_size_to_sample=1, error_buffer=1: max_diff = 2, so two inserts pass before a sample
+    # (hand-computed from Reverb's rule inserts * spi - samples + spi <= max_diff).
+    server = _server(reverb.rate_limiters.SampleToInsertRatio(1.0, 1, 1.0))
+    table = server.table("t")
+    writer = server.localhost_client().trajectory_writer(num_keep_alive_refs=1)
+    _write(writer, range(5))
+    assert len(table) == 2
+    with pytest.raises(errors.DeadlineExceededError):
+        writer.flush(timeout_ms=50)
+    assert writer.episode_steps == 5
+    sampler = threading.Thread(target=_take, args=(table, 3))
+    sampler.start()
+    sampler.join(30)
+    _wait_until(lambda: len(table) == 5)  # each sample let one more waiting item in
+    writer.end_episode(timeout_ms=5000)
+    writer.close()
+    server.stop()
+
+
+def test_flush_waits_for_the_background_inserts_in_order():
+    server = _queue(2)
+    table = server.table("t")
+    writer = server.localhost_client().trajectory_writer(num_keep_alive_refs=1)
+    _write(writer, range(4))
+    with pytest.raises(errors.DeadlineExceededError, match="Flush call did not complete"):
+        writer.flush(timeout_ms=50)
+    with pytest.raises(errors.DeadlineExceededError, match="End episode call did not complete"):
+        writer.end_episode(timeout_ms=50)
+    flushed = threading.Event()
+
+    def flush():
+        writer.flush(1, timeout_ms=20_000)  # returns once at most one item waits
+        flushed.set()
+
+    flusher = threading.Thread(target=flush)
+    flusher.start()
+    assert _take(table, 1) == [0]
+    flusher.join(30)
+    assert flushed.is_set()
+    _write(writer, [10])  # queued behind the waiting item 3
+    assert _take(table, 4) == [1, 2, 3, 10]
+    writer.flush(timeout_ms=5000)
+    writer.close()
+    server.stop()
+
+
+def test_close_drops_the_waiting_items():
+    server = _queue(1)
+    table = server.table("t")
+    writer = server.localhost_client().trajectory_writer(num_keep_alive_refs=1)
+    _write(writer, range(3))
+    writer.close()
+    assert _take(table, 1) == [0]
+    with pytest.raises(errors.DeadlineExceededError):
+        table.sample(1, timeout_ms=600)  # items 1 and 2 were dropped by close
+    assert len(table) == 0
+    server.stop()
+
+
+def test_server_stop_fails_the_waiting_items_and_flush_does_not_hang():
+    server = _queue(1)
+    writer = server.localhost_client().trajectory_writer(num_keep_alive_refs=1)
+    _write(writer, range(3))
+    server.stop()
+    with pytest.raises(errors.CancelledError, match="has been closed"):
+        writer.flush(timeout_ms=10_000)
+    writer.close()

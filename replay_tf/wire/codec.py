@@ -64,6 +64,7 @@ __all__ = [
 _DT_STRING = 7
 _DT_VARIANT = 21
 _DT_RESOURCE = 20
+_DT_REF_OFFSET = 100
 
 # Integer dtypes Reverb delta-encodes (TF_CALL_INTEGRAL_TYPES), by numpy kind and itemsize.
 _UNSIGNED_VIEW = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
@@ -90,9 +91,11 @@ def _dtype_for_enum(enum: int) -> np.dtype:
         return np.dtype(object)
     if enum in (_DT_VARIANT, _DT_RESOURCE):
         raise ChunkDecodeError(f"chunk tensors of dtype {tf.dtypes.as_dtype(enum).name} are not supported")
+    if enum > _DT_REF_OFFSET:  # reference dtypes (float_ref, ...) never hold data on the wire
+        raise ChunkDecodeError(f"unknown tensor dtype enum {enum}: reference dtypes are not tensor data")
     try:
         return np.dtype(tf.dtypes.as_dtype(enum).as_numpy_dtype)
-    except TypeError as e:
+    except (TypeError, KeyError) as e:  # KeyError: enums TF knows but has no numpy type for
         raise ChunkDecodeError(f"unknown tensor dtype enum {enum}") from e
 
 
@@ -298,12 +301,31 @@ def chunk_from_proto(proto: schema_pb2.ChunkData, serialized: Optional[bytes] = 
         if not shape or shape[0] != rows:
             raise ChunkDecodeError(f"chunk {proto.chunk_key}: tensor {index} has shape {list(shape)} but the "
                                    f"sequence range [{sequence_range.start}, {sequence_range.end}] has {rows} rows")
+        _check_content_size(proto.chunk_key, index, tensor, dtype, shape)
         headers.append((dtype, shape))
     if serialized is None:
         serialized = proto.SerializeToString()
     chunk = chunk_store.Chunk(proto.chunk_key, None, sequence_range, delta_encoded=proto.delta_encoded,
                               encoded=serialized, decoder=_decode_serialized)
     return chunk, headers
+
+
+def _check_content_size(chunk_key: int, index: int, tensor, dtype: np.dtype, shape: tuple) -> None:
+    """ChunkDecodeError unless the shape has no negative dim and, for non-string tensors, the size that the
+    Snappy header of `tensor_content` announces is the shape's byte size (the header is read, not the data)."""
+    if any(size < 0 for size in shape):
+        raise ChunkDecodeError(f"chunk {chunk_key}: tensor {index} has a negative dimension: shape {list(shape)}")
+    if dtype.kind == "O":
+        return
+    expected = math.prod(shape) * dtype.itemsize
+    try:
+        size = cramjam.snappy.decompress_raw_len(tensor.tensor_content)
+    except Exception as e:  # cramjam raises its own DecompressionError type
+        raise ChunkDecodeError(f"chunk {chunk_key}: tensor {index} content is not valid Snappy raw data: "
+                               f"{e}") from None
+    if size != expected:
+        raise ChunkDecodeError(f"chunk {chunk_key}: tensor {index} of dtype {dtype.name} and shape {list(shape)} "
+                               f"needs {expected} bytes, its content announces {size}")
 
 
 def serialized_chunk(chunk: chunk_store.Chunk) -> bytes:

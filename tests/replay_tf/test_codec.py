@@ -167,6 +167,13 @@ def test_open_chunk_is_re_encoded_when_it_grows():
     (lambda p: setattr(p.sequence_range, "end", 13), r"tensor 0 has shape \[3, 2\] but the sequence range "
                                                       r"\[10, 13\] has 4 rows"),
     (lambda p: setattr(p.data.tensors[0], "dtype", tf.variant.as_datatype_enum), r"variant"),
+    (lambda p: setattr(p.data.tensors[0], "dtype", 121), r"unknown tensor dtype enum 121"),
+    (lambda p: setattr(p.data.tensors[0], "dtype", 101), r"enum 101: reference dtypes"),
+    (lambda p: setattr(p.data.tensors[0].tensor_shape.dim[1], "size", -2),
+     r"chunk 5: tensor 0 has a negative dimension: shape \[3, -2\]"),
+    (lambda p: setattr(p.data.tensors[0].tensor_shape.dim[1], "size", 1 << 40),
+     r"chunk 5: tensor 0 of dtype \w+ and shape \[3, 1099511627776\] needs \d+ bytes, its content announces"),
+    (lambda p: setattr(p.data.tensors[0], "tensor_content", b"\xff" * 10), r"tensor 0 content is not valid Snappy"),
 ])
 def test_chunk_header_errors(mutate, error):
     proto = _chunk_proto()

@@ -1,6 +1,7 @@
 """Insert streams of the remote transport (see `replay_tf._grpc_transport` for the design)."""
 from __future__ import annotations
 
+import collections
 import datetime
 import queue
 import threading
@@ -18,31 +19,60 @@ from replay_tf.wire import codec
 from replay_tf.wire import reverb_service_pb2
 
 
+_TRANSIENT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+_BACKOFF_S = (0.001, 1.0)  # reconnect backoff: first wait, doubling up to the last (as Reverb's writer)
+
+
+class _Connection:
+    """One InsertStream call: its request queue and the chunks sent on it (the server holds those)."""
+
+    def __init__(self):
+        self.queue: queue.Queue = queue.Queue()
+        self.call = None
+        # Entries vanish when the writer (and the unconfirmed items) drop a chunk.
+        self.sent: "weakref.WeakValueDictionary[int, chunk_store_lib.Chunk]" = weakref.WeakValueDictionary()
+
+
 class InsertStream:
-    """An `InsertStream` of `replay_tf.client` over one gRPC InsertStream call (opened on first send)."""
+    """An `InsertStream` of `replay_tf.client` over gRPC InsertStream calls (the first opened on first send).
+
+    Delivery, as dm-reverb's `TrajectoryWriter`: when the call fails with UNAVAILABLE or CANCELLED (the
+    server stopped, restarted at the same address, or restored from a checkpoint), the stream opens a new
+    call (waiting for the server, backoff 1 ms doubling to 1 s between failed attempts) and re-sends, in
+    their original order, every item the server has not confirmed, with the chunks they use (a new call
+    starts with no chunks on the server side); later items follow. An item the server confirmed is never
+    sent again; one inserted but not yet confirmed when the connection broke is sent again with the same
+    key, which the table treats as a priority update, not a second item (at-least-once delivery,
+    idempotent by key while the table holds the item). The stream retries for as long as the writer lives:
+    `flush(timeout_ms=...)` raises `DeadlineExceededError` naming the connection failure while the server is
+    away. Any other failure ends the stream: the next `send` or `flush` raises it.
+    """
 
     supports_open_chunks = False
 
     def __init__(self, channel: grpc.Channel):
         self._channel = channel
-        self._queue: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
         self._confirmed_cv = threading.Condition(self._lock)
-        self._unconfirmed = 0
+        self._unconfirmed: "collections.OrderedDict[int, tuple]" = collections.OrderedDict()  # key -> (table, item)
         self._error: Optional[Exception] = None
-        self._call = None
+        self._connection: Optional[_Connection] = None
+        self._reconnecting: Optional[str] = None  # why the stream is reconnecting, while it is
         self._closing = False
         self._flushing = False
         self._reader: Optional[threading.Thread] = None
-        # Chunks the server holds for this stream; entries vanish when the writer drops a chunk.
-        self._sent: "weakref.WeakValueDictionary[int, chunk_store_lib.Chunk]" = weakref.WeakValueDictionary()
 
-    def _start(self) -> None:
+    def _connect(self) -> None:
+        """Opens a new call (lock held) and queues every unconfirmed item on it, in order."""
+        old = self._connection
+        if old is not None:
+            old.queue.put(common.CLOSE)  # ends the old request generator if gRPC still iterates it
+        connection = self._connection = _Connection()
+        for entry in self._unconfirmed.values():
+            connection.queue.put(entry)
         method = self._channel.stream_stream(common.SERVICE + "InsertStream", request_serializer=common.identity,
                                              response_deserializer=common.identity)
-        self._call = method(self._requests(), wait_for_ready=True)
-        self._reader = threading.Thread(target=self._read, name="replay_tf-insert-confirmations", daemon=True)
-        self._reader.start()
+        connection.call = method(self._requests(connection), wait_for_ready=True)
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:
@@ -51,27 +81,33 @@ class InsertStream:
     def send(self, table: str, item: chunk_store_lib.Item) -> None:
         with self._lock:
             self._raise_if_failed()
-            self._unconfirmed += 1
-            if self._call is None:
-                self._start()
-        self._queue.put((table, item))
+            self._unconfirmed[item.key] = entry = (table, item)
+            if self._connection is None:
+                self._connect()
+                self._reader = threading.Thread(target=self._read, name="replay_tf-insert-confirmations",
+                                                daemon=True)
+                self._reader.start()
+            else:
+                self._connection.queue.put(entry)
 
-    def _requests(self):
+    def _requests(self, connection: _Connection):
         """Runs in gRPC's sending thread: turns queued items into InsertStreamRequests.
 
         An item that cannot be encoded ends the stream; its error is raised by the next `send` or `flush`
         (gRPC itself would only report "Exception iterating requests!").
         """
         try:
-            yield from self._encode_requests()
+            yield from self._encode_requests(connection)
         except Exception as e:  # noqa: BLE001
             with self._lock:
                 self._error = ValueError(f"could not encode an item for the InsertStream: {type(e).__name__}: {e}")
                 self._confirmed_cv.notify_all()
 
-    def _encode_requests(self):
+    def _encode_requests(self, connection: _Connection):
+        sent = connection.sent
+        requests = connection.queue
         while True:
-            first = self._queue.get()
+            first = requests.get()
             if first is common.CLOSE:
                 return
             queued = [first]
@@ -81,7 +117,7 @@ class InsertStream:
             linger_until = time.monotonic() + common.LINGER_S
             while size < common.MAX_REQUEST_BYTES and len(queued) < common.MAX_REQUEST_ITEMS:
                 try:
-                    extra = self._queue.get_nowait()
+                    extra = requests.get_nowait()
                 except queue.Empty:
                     # Wait a moment for more items: one request per item would cost a message (and a
                     # confirmation) per step, which is what limits Python gRPC.
@@ -89,7 +125,7 @@ class InsertStream:
                     if remaining <= 0 or self._flushing:
                         break
                     try:
-                        extra = self._queue.get(timeout=remaining)
+                        extra = requests.get(timeout=remaining)
                     except queue.Empty:
                         break
                 if extra is common.CLOSE:
@@ -97,19 +133,19 @@ class InsertStream:
                     break
                 queued.append(extra)
                 size += sum(len(codec.serialized_chunk(c)) for c in extra[1].chunks.values()
-                            if c.key not in self._sent)
+                            if c.key not in sent)
             request = reverb_service_pb2.InsertStreamRequest()
             chunks = []
             for table, item in queued:
                 for chunk in item.chunks.values():
-                    if chunk.key not in self._sent:
-                        self._sent[chunk.key] = chunk
+                    if chunk.key not in sent:
+                        sent[chunk.key] = chunk
                         chunks.append(codec.serialized_chunk(chunk))
                 request.items.append(codec.item_to_proto(item, table, times_sampled=0))
             # Drop our own references so that only the writer decides which chunks stay alive.
             queued = first = extra = table = item = chunk = None
             # Every sent chunk still alive may be used by a later item: the server must keep it.
-            request.keep_chunk_keys.extend(self._sent.keys())
+            request.keep_chunk_keys.extend(sent.keys())
             serialized = request.SerializeToString()
             # ChunkData bytes are appended as repeated field 1 (chunks) without re-parsing them.
             yield b"".join([serialized] + [b"\x0a" + _raw.varint(len(c)) + c for c in chunks])
@@ -117,19 +153,40 @@ class InsertStream:
                 return
 
     def _read(self) -> None:
-        try:
-            for raw in self._call:
-                keys = reverb_service_pb2.InsertStreamResponse.FromString(raw).keys
+        """The reader thread: counts confirmations; reconnects after a transient failure."""
+        backoff = _BACKOFF_S[0]
+        while True:
+            call = self._connection.call
+            try:
+                for raw in call:
+                    keys = reverb_service_pb2.InsertStreamResponse.FromString(raw).keys
+                    with self._lock:
+                        for key in keys:
+                            self._unconfirmed.pop(key, None)
+                        self._reconnecting = None
+                        self._confirmed_cv.notify_all()
+                    backoff = _BACKOFF_S[0]
+            except grpc.RpcError as e:
                 with self._lock:
-                    self._unconfirmed -= len(keys)
-                    self._confirmed_cv.notify_all()
-        except grpc.RpcError as e:
-            with self._lock:
-                if not self._closing:
-                    self._error = common.translate_error(e, "InsertStream failed")
+                    if self._closing:
+                        break
+                    if e.code() in _TRANSIENT and self._error is None:
+                        self._reconnecting = f"{e.code().name}: {e.details()}"
+                        self._confirmed_cv.notify_all()
+                        # Wait before reopening (close() cuts the wait short).
+                        self._confirmed_cv.wait_for(lambda: self._closing, backoff)
+                        backoff = min(2 * backoff, _BACKOFF_S[1])
+                        if self._closing:
+                            break
+                        self._connect()
+                        continue
+                    if self._error is None:
+                        self._error = common.translate_error(e, "InsertStream failed")
+            break
         with self._lock:
-            if self._error is None and self._unconfirmed > 0:
-                self._error = errors.ReverbError(f"InsertStream ended with {self._unconfirmed} unconfirmed items")
+            if self._error is None and self._unconfirmed and not self._closing:
+                self._error = errors.ReverbError(
+                    f"InsertStream ended with {len(self._unconfirmed)} unconfirmed items")
             self._confirmed_cv.notify_all()
 
     def flush(self, block_until_num_items: int = 0, timeout_ms: Optional[int] = None) -> None:
@@ -143,29 +200,35 @@ class InsertStream:
 
     def _wait_confirmed(self, block_until_num_items: int, deadline: Optional[float], timeout_ms) -> None:
         """Waits (lock held) until at most `block_until_num_items` items are unconfirmed."""
-        while self._unconfirmed > block_until_num_items:
+        while len(self._unconfirmed) > block_until_num_items:
             self._raise_if_failed()
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
+                why = ""
+                if self._reconnecting is not None:
+                    why = (f" ({len(self._unconfirmed)} items unconfirmed; the InsertStream lost its server and "
+                           f"is reconnecting after {self._reconnecting})")
                 raise errors.DeadlineExceededError(
                     f"Flush call did not complete within provided timeout of "
-                    f"{datetime.timedelta(milliseconds=timeout_ms)}")
+                    f"{datetime.timedelta(milliseconds=timeout_ms)}{why}")
             self._confirmed_cv.wait(remaining if remaining is not None else 1.0)
         self._raise_if_failed()
 
     def num_pending(self) -> int:
-        return self._unconfirmed
+        return len(self._unconfirmed)
 
     def close(self) -> None:
-        if self._call is None:
+        if self._connection is None:
             return
         with self._lock:
             self._closing = True
-        self._queue.put(common.CLOSE)
-        if self._unconfirmed:
-            self._call.cancel()  # unflushed items are dropped, as documented
+            self._confirmed_cv.notify_all()
+            connection = self._connection
+            connection.queue.put(common.CLOSE)
+            if self._unconfirmed:
+                connection.call.cancel()  # unflushed items are dropped, as documented
         self._reader.join(common.CLOSE_TIMEOUT_S)
         if self._reader.is_alive():
-            self._call.cancel()
+            self._connection.call.cancel()
             self._reader.join(common.CLOSE_TIMEOUT_S)
-        self._call = None
+        self._connection = None

@@ -120,3 +120,71 @@ def test_server_stop_fails_the_waiting_items_and_flush_does_not_hang():
     with pytest.raises(errors.CancelledError, match="has been closed"):
         writer.flush(timeout_ms=10_000)
     writer.close()
+
+
+# --- remote writers: reconnect after the server restarts at the same address ---
+
+@pytest.fixture
+def remote(monkeypatch):
+    """Clients of this test reach local servers through the gRPC transport."""
+    from replay_tf import _grpc_transport
+    from replay_tf import client as client_lib
+    monkeypatch.setattr(client_lib, "make_transport", _grpc_transport.Transport)
+
+
+def _table():
+    return reverb.Table.queue("t", 1000)  # sampling takes the items in insertion order
+
+
+def test_remote_writer_resends_after_the_server_restarts(remote):
+    server = reverb.Server([_table()])
+    port = server.port
+    client = reverb.Client(f"localhost:{port}")
+    writer = client.trajectory_writer(num_keep_alive_refs=3)
+    for i in range(3):
+        writer.append({"a": np.int64(i)})
+    writer.create_item("t", 1.0, writer.history["a"][-2:])  # [1, 2]
+    writer.flush(timeout_ms=10_000)
+    assert len(server.table("t")) == 1
+    server.stop()
+    # The writer goes on while the server is away: these items wait for it.
+    writer.append({"a": np.int64(3)})
+    writer.create_item("t", 1.0, writer.history["a"][-3:])  # [1, 2, 3]: chunks sent to the old server
+    writer.append({"a": np.int64(4)})
+    writer.create_item("t", 2.0, writer.history["a"][-1])  # 4
+    with pytest.raises(errors.DeadlineExceededError, match="reconnecting after"):
+        writer.flush(timeout_ms=300)
+    restarted = reverb.Server([_table()], port=port)  # e.g. restored from a checkpoint
+    try:
+        writer.flush(timeout_ms=60_000)
+        writer.append({"a": np.int64(5)})
+        writer.create_item("t", 1.0, writer.history["a"][-2:])  # [4, 5]
+        writer.end_episode(timeout_ms=60_000)
+        table = restarted.table("t")
+        assert len(table) == 3  # nothing lost, nothing twice
+        got = [table.sample(1, timeout_ms=0)[0] for _ in range(3)]
+        assert [np.asarray(s.item.column_arrays()[0]).ravel().tolist() for s in got] == [[1, 2, 3], [4], [4, 5]]
+        assert [s.priority for s in got] == [1.0, 2.0, 1.0]
+        writer.close()
+    finally:
+        restarted.stop()
+
+
+def test_remote_flush_times_out_clearly_when_the_server_never_returns(remote):
+    server = reverb.Server([_table()])
+    client = reverb.Client(f"localhost:{server.port}")
+    writer = client.trajectory_writer(num_keep_alive_refs=1)
+    writer.append({"a": np.int64(0)})
+    writer.create_item("t", 1.0, writer.history["a"][-1:])
+    writer.flush(timeout_ms=10_000)
+    server.stop()
+    writer.append({"a": np.int64(1)})
+    writer.create_item("t", 1.0, writer.history["a"][-1:])
+    started = time.monotonic()
+    with pytest.raises(errors.DeadlineExceededError,
+                       match=r"timeout of 0:00:00.500000 \(1 items unconfirmed; the InsertStream lost its server"):
+        writer.flush(timeout_ms=500)
+    with pytest.raises(errors.DeadlineExceededError, match="End episode call did not complete"):
+        writer.end_episode(timeout_ms=200)
+    assert time.monotonic() - started < 30  # bounded by the timeouts, not a hang
+    writer.close()  # drops the waiting item and stops reconnecting

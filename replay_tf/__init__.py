@@ -22,6 +22,7 @@ from replay_tf.client import Client
 from replay_tf.errors import DeadlineExceededError
 from replay_tf.errors import ReverbError
 from replay_tf.server import Server
+from replay_tf.sharded import ShardedClient
 from replay_tf.core.table import Table
 from replay_tf.trajectory_dataset import ReplaySample
 from replay_tf.trajectory_dataset import SampleInfo
@@ -49,6 +50,7 @@ __all__ = [
     "ReverbError",
     "SampleInfo",
     "Server",
+    "ShardedClient",
     "Table",
     "TrajectoryColumn",
     "TrajectoryDataset",

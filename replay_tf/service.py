@@ -113,7 +113,9 @@ class ReverbServicer:
     def __init__(self, server):
         self._server = server
         self._tables = {name: _TableEntry(table) for name, table in server.tables.items()}
-        self._chunk_store = getattr(server, "chunk_store", None) or chunk_store_lib.ChunkStore()
+        # (Not `or`: an empty ChunkStore is falsy, and the server's store must be the one used.)
+        store = getattr(server, "chunk_store", None)
+        self._chunk_store = chunk_store_lib.ChunkStore() if store is None else store
         state_id = int(getattr(server, "tables_state_id", 0))
         self._tables_state_id = schema_pb2.Uint128(high=state_id >> 64, low=state_id & ((1 << 64) - 1))
         # Serialized unchanging fields of each sampled item (key, table, inserted_at, flat trajectory), and the
@@ -270,7 +272,10 @@ class ReverbServicer:
                         chunk, headers = codec.chunk_from_proto(chunk_proto)
                     except codec.ChunkDecodeError as e:
                         raise _StatusError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
-                    held[chunk.key] = (self._chunk_store.insert(chunk), headers)
+                    stored = self._chunk_store.insert(chunk)
+                    if stored is not chunk:
+                        headers = self._stored_headers(stored, chunk, headers)
+                    held[chunk.key] = (stored, headers)
                 if not request.items:
                     continue  # keep_chunk_keys only applies to requests with items
                 for item_proto in request.items:
@@ -288,6 +293,18 @@ class ReverbServicer:
                                        f"that this stream never received")
         finally:
             held.clear()  # chunks no item refers to are freed with the stream
+
+    @staticmethod
+    def _stored_headers(stored: chunk_store_lib.Chunk, received: chunk_store_lib.Chunk, headers: list) -> list:
+        """Headers of the chunk that another stream (or a checkpoint) already stored under `received.key`.
+
+        Items will refer to `stored`, so they must be checked against its headers, not against those of
+        the copy just received (which may differ: a hostile or buggy client reusing a key).
+        """
+        serialized = codec.serialized_chunk(stored)
+        if serialized == received.encoded:
+            return headers
+        return codec.chunk_from_proto(schema_pb2.ChunkData.FromString(serialized), serialized)[1]
 
     def _item(self, entry: _TableEntry, proto: schema_pb2.PrioritizedItem, held: dict) -> chunk_store_lib.Item:
         """The core item of `proto`, validated against the stream's chunks (headers only, nothing decoded)

@@ -5,6 +5,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import numpy as np
@@ -33,6 +34,7 @@ _RECORDER = textwrap.dedent("""
                 ts = env.step((e + t) % 3)
                 t += 1
             e += 1
+            print(e, flush=True)  # the recorder's own count of completed episodes (step() returned LAST)
 """)
 
 
@@ -71,7 +73,10 @@ def test_kill_9_keeps_every_completed_episode(tmp_path, min_episodes, extra_dela
     directory = str(tmp_path / "ds")
     env = dict(os.environ, PYTHONPATH=_ROOT, TF_CPP_MIN_LOG_LEVEL="3")
     proc = subprocess.Popen([sys.executable, "-c", _RECORDER, directory], env=env, cwd=_ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    reported = []  # completed episodes as the recorder counts them, read as it prints them
+    reader = threading.Thread(target=lambda: reported.extend(int(line) for line in proc.stdout if line.strip().isdigit()), daemon=True)
+    reader.start()
     try:
         deadline = time.time() + 120
         while _listed_episodes(directory) < min_episodes:
@@ -82,14 +87,20 @@ def test_kill_9_keeps_every_completed_episode(tmp_path, min_episodes, extra_dela
         completed_before_kill = _listed_episodes(directory)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
+        reader.join(30)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
         proc.stderr.close()
+        proc.stdout.close()
     assert not _tfrecord_files.writer_is_active(directory)  # the OS released the lock with the process
+    assert reported == list(range(1, len(reported) + 1)) and len(reported) >= min_episodes
     loaded = [e["steps"] for e in to_numpy(rlds.load_stacked(directory, "train"))]
     assert len(loaded) >= completed_before_kill
+    # Every episode the recorder completed loads, and nothing else: an episode completed after its last
+    # report (killed between `step()` returning LAST and the print) is the only one that may be extra.
+    assert len(reported) <= len(loaded) <= len(reported) + 1
     assert_nested_equal(loaded, _expected_episodes(len(loaded)))
     # Plain TFDS reads it too (nothing of ours needed once the directory is consistent).
     assert len(to_numpy(tfds.builder_from_directory(directory).as_dataset(split="train"))) == len(loaded)

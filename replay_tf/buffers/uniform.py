@@ -107,6 +107,7 @@ class UniformReplayBuffer(tf.Module):
             self._state = _ring.make_state(data_spec, self._batch_size, self._max_length,
                                            episode_aware=episode_end_fn is not None)
             self._capacity = tf.constant(self._batch_size * self._max_length, tf.int64)
+        self._handles = self._no_dependency(tuple(var.handle for var in self._state.storage))
 
     # ----- properties (TF-Agents names) -----
     @property
@@ -165,12 +166,22 @@ class UniformReplayBuffer(tf.Module):
           TypeError: wrong structure or dtype. ValueError: wrong shape or outer dimension. The message
           names the nested path, the expected and the received value.
         """
-        op = self._run("add", self._add_impl, tensors=self._add_inputs(items))
+        flat = self._validated_fast(items)
+        if flat is not None and self._episode_end_fn is None:
+            # Called from Python with well-formed eager tensors (a collect loop): a few eager ops beat
+            # the call into a traced function. Inside a tf.function the graph path below runs.
+            _ring.write_eager(self._state, flat, self._batch_size, self._max_length, self._handles)
+            return None
+        op = self._run("add", self._add_impl, tensors=self._add_inputs(items, flat))
         return None if tf.executing_eagerly() else op
 
-    def _add_inputs(self, items) -> tuple:
-        """Validated flat leaves of `items` (+ the episode-end flags when episode-aware)."""
-        flat = self._validated_fast(items)
+    def _add_inputs(self, items, flat=None) -> tuple:
+        """Validated flat leaves of `items` (+ the episode-end flags when episode-aware).
+
+        `flat`: the result of `_validated_fast(items)` when the caller already has it.
+        """
+        if flat is None:
+            flat = self._validated_fast(items)
         if flat is None:
             flat = specs.validate(items, self._data_spec, outer_dims=[self._batch_size], root="items")
         extra = ()

@@ -308,6 +308,31 @@ def test_add_and_sample_compile_with_xla(num_steps, time_stacked, sample_batch_s
     assert int(frames) == 15
 
 
+def test_eager_and_traced_adds_interleave_on_one_ring():
+    # Eager adds take the eager-op path, adds inside tf.function the graph path: both must claim ids
+    # from the same counter and write the same rows. 3 segments, ring of 4, 7 adds (wrapped).
+    rb = replay_tf.UniformReplayBuffer(SPEC, batch_size=3, max_length=4)
+    @tf.function(autograph=False)
+    def traced_add(step):
+        rb.add_batch(_items(step, 3))
+
+    for step in range(7):
+        if step % 2:
+            traced_add(tf.constant(step, tf.int64))
+        else:
+            rb.add_batch(_items(step, 3))
+    # Steps 3..6 stored, oldest first; value = 100 * step + segment.
+    expected = [[100 * step + segment for step in range(3, 7)] for segment in range(3)]
+    everything = rb.gather_all()
+    assert everything["step"].numpy().tolist() == expected
+    np.testing.assert_array_equal(everything["obs"].numpy()[..., 1], -np.array(expected, np.float32))
+    assert int(rb.num_frames()) == 12
+    assert (int(rb.state.last_id.numpy()), int(rb.state.write_started.numpy())) == (6, 6)
+    data, info = rb.get_next(sample_batch_size=64, num_steps=2)
+    _assert_consistent_windows(data, info.ids, 3)
+    assert set(info.ids.numpy()[:, 0].tolist()) == {3, 4, 5}  # every valid start drawn among 64
+
+
 def test_clear_and_checkpoint_round_trip(tmp_path):
     rb = replay_tf.UniformReplayBuffer(SPEC, batch_size=2, max_length=3)
     for step in range(5):

@@ -1,8 +1,8 @@
 """`PrioritizedReplayBuffer`: the uniform buffer's ring, sampled proportionally to priority**alpha.
 
 It wraps a `UniformReplayBuffer` (same constructor, storage, `add_batch`, `gather_all`, `clear`,
-`num_frames`, deterministic `as_dataset`) and adds a sum tree and a min tree (`sum_tree.py`) with one
-leaf per storage row, i.e. per (segment, step) item.
+`num_frames`, deterministic `as_dataset`) and adds a sum tree (`sum_tree.py`) with one leaf per
+storage row, i.e. per (segment, step) item.
 
 Items and ids. An item is a (segment, logical step) pair; its id is `step * batch_size + segment`
 (unique, increasing with insertion, and `id % capacity` is its storage row). With `num_steps=T`, the
@@ -19,7 +19,7 @@ Importance weights. `BufferInfo` is a `PrioritizedBufferInfo(ids, probabilities,
 its first two fields are TF-Agents' `BufferInfo` fields, so code that reads `info.ids` /
 `info.probabilities` (or `info[0]`, `info[1]`) keeps working. `importance_weights =
 (N * P(i))**-beta / max_j (N * P(j))**-beta = (p_i / p_min)**(-alpha * beta)`, with `p_min` the smallest
-priority stored (min tree), so the largest weight is 1.
+priority stored (a masked min over the tree's leaves, see `_smallest_stored`), so the largest weight is 1.
 
 >>> import tensorflow as tf
 >>> rb = PrioritizedReplayBuffer(tf.TensorSpec([], tf.float32), batch_size=2, max_length=4, alpha=1.0)
@@ -61,7 +61,7 @@ class PrioritizedReplayBuffer(tf.Module):
       alpha: keyword-only priority exponent (0: uniform, 1: proportional).
       beta: keyword-only initial importance-weight exponent; change it with `buffer.beta = value`.
       episode_end_fn: keyword-only; episode-aware windows, as `UniformReplayBuffer`.
-      fanout: keyword-only; children per node of the sum/min trees.
+      fanout: keyword-only; children per node of the sum tree.
     """
 
     def __init__(self, data_spec, batch_size: int, max_length: int = 1000, scope: str = "PrioritizedReplayBuffer",
@@ -83,7 +83,6 @@ class PrioritizedReplayBuffer(tf.Module):
         capacity = self._buffer.batch_size * self._buffer.max_length
         with tf.device(device), tf.name_scope(scope):
             self._sums = sum_tree.make(capacity, fanout=fanout, reduce="sum", name="sum_tree")
-            self._mins = sum_tree.make(capacity, fanout=fanout, reduce="min", name="min_tree")
             self._max_priority = tf.Variable(1.0, trainable=False, name="max_priority")
             self._beta = tf.Variable(float(beta), trainable=False, name="beta")
 
@@ -131,14 +130,14 @@ class PrioritizedReplayBuffer(tf.Module):
         rows = slot * batch_size + tf.range(batch_size, dtype=tf.int64)
         value = tf.fill([batch_size], tf.pow(self._max_priority.read_value(), self._alpha))
         # Priorities first, then the data: a reader never sees a new item with its predecessor's priority.
-        trees = [sum_tree.update(self._sums, rows, value, "sum"), sum_tree.update(self._mins, rows, value, "min")]
-        return self._buffer._add_impl(*tensors, deps=trees)
+        tree = sum_tree.update(self._sums, rows, value, "sum")
+        return self._buffer._add_impl(*tensors, deps=[tree])
 
     def clear(self):
         """Forgets all items and priorities (max priority back to 1.0)."""
         def impl():
             return tf.group(_ring.clear(self._buffer.state), sum_tree.reset(self._sums, "sum"),
-                            sum_tree.reset(self._mins, "min"), self._max_priority.assign(1.0))
+                            self._max_priority.assign(1.0))
         op = self._run("clear", impl)
         return None if tf.executing_eagerly() else op
 
@@ -196,9 +195,7 @@ class PrioritizedReplayBuffer(tf.Module):
                           tf.pow(priorities, self._alpha))
         new_max = tf.maximum(self._max_priority.read_value(),
                              tf.reduce_max(tf.where(overwritten, 0.0, priorities)))
-        return tf.group(sum_tree.update(self._sums, rows, values, "sum"),
-                        sum_tree.update(self._mins, rows, values, "min"),
-                        self._max_priority.assign(new_max))
+        return tf.group(sum_tree.update(self._sums, rows, values, "sum"), self._max_priority.assign(new_max))
 
     # ----- sampling -----
     def get_next(self, sample_batch_size: int | None = None, num_steps: int | None = None,
@@ -210,6 +207,21 @@ class PrioritizedReplayBuffer(tf.Module):
         """
         sample_batch_size, num_steps = self._buffer._check_sample_args(sample_batch_size, num_steps)
         return self._run("get_next", self._get_next_impl, sample_batch_size, num_steps, bool(time_stacked))
+
+    def _smallest_stored(self):
+        """min over the stored items' leaves (+inf when empty).
+
+        Rows are filled in order from row 0, so the stored items are the rows before
+        `min((last_id + 1) * batch_size, capacity)`: a masked reduction over the leaf level (static
+        shape, so it also compiles under XLA) replaces a min tree, which would cost a second tree
+        update on every add and priority update and 4+ bytes per item.
+        """
+        buffer = self._buffer
+        capacity = buffer.batch_size * buffer.max_length
+        stored = tf.minimum((buffer.state.last_id.read_value() + 1) * buffer.batch_size, capacity)
+        leaves = sum_tree.leaves(self._sums)
+        mask = tf.range(tf.shape(leaves, out_type=tf.int64)[0]) < stored
+        return tf.reduce_min(tf.where(mask, leaves, tf.constant(float("inf"), tf.float32)))
 
     def _valid_mass(self, lo, hi):
         """(prefix mass before the first valid row, mass of the unwrapped part, total valid mass)."""
@@ -284,7 +296,7 @@ class PrioritizedReplayBuffer(tf.Module):
             n, num_steps, lambda lo, hi: self._draw(n, lo, hi, num_steps),
             lambda lo, hi: buffer._assert_can_sample(lo, hi, num_steps))
         rows = _ring.rows_for(starts, segments, None, buffer.max_length, buffer.batch_size)
-        smallest = sum_tree.root(self._mins, "min")
+        smallest = self._smallest_stored()
         weights = tf.pow(sum_tree.read_leaves(self._sums, rows) / smallest, -self._beta.read_value())
         # ids -1 flag a sample drawn while nothing could be sampled: only reachable under XLA, where the
         # asserts are compiled out.

@@ -76,6 +76,11 @@ def root(levels, reduce: str = "sum"):
     return _reduce(levels[-1].sparse_read(tf.range(fanout_of(levels))), reduce, axis=0)
 
 
+def leaves(levels):
+    """All leaves (padded to `fanout**depth`; padding holds the identity), one read of the leaf level."""
+    return levels[0].sparse_read(tf.range(int(levels[0].shape[0]), dtype=tf.int64))
+
+
 def read_leaves(levels, leaf_ids):
     return levels[0].sparse_read(tf.cast(leaf_ids, tf.int64))
 

@@ -106,18 +106,36 @@ class InsertStream:
     def _encode_requests(self, connection: _Connection):
         sent = connection.sent
         requests = connection.queue
+        serialized_chunk = codec.serialized_chunk
+        trajectory_to_proto = codec.trajectory_to_proto
         while True:
-            first = requests.get()
-            if first is common.CLOSE:
+            entry = requests.get()
+            if entry is common.CLOSE:
                 return
-            queued = [first]
+            request = reverb_service_pb2.InsertStreamRequest()
+            add_item = request.items.add
+            chunks = []
             size = 0
+            num_items = 0
             closing = False
-            extra = None
             linger_until = time.monotonic() + common.LINGER_S
-            while size < common.MAX_REQUEST_BYTES and len(queued) < common.MAX_REQUEST_ITEMS:
+            while True:
+                table, item = entry
+                for chunk in item.chunks.values():
+                    if chunk.key not in sent:
+                        sent[chunk.key] = chunk
+                        data = serialized_chunk(chunk)
+                        chunks.append(data)
+                        size += len(data)
+                proto = add_item(key=item.key, table=table, priority=item.priority)
+                if item.inserted_at:
+                    proto.inserted_at.seconds, proto.inserted_at.nanos = divmod(int(item.inserted_at), 1_000_000_000)
+                trajectory_to_proto(item.trajectory, proto.flat_trajectory)
+                num_items += 1
+                if size >= common.MAX_REQUEST_BYTES or num_items >= common.MAX_REQUEST_ITEMS:
+                    break
                 try:
-                    extra = requests.get_nowait()
+                    entry = requests.get_nowait()
                 except queue.Empty:
                     # Wait a moment for more items: one request per item would cost a message (and a
                     # confirmation) per step, which is what limits Python gRPC.
@@ -125,30 +143,23 @@ class InsertStream:
                     if remaining <= 0 or self._flushing:
                         break
                     try:
-                        extra = requests.get(timeout=remaining)
+                        entry = requests.get(timeout=remaining)
                     except queue.Empty:
                         break
-                if extra is common.CLOSE:
+                if entry is common.CLOSE:
                     closing = True
                     break
-                queued.append(extra)
-                size += sum(len(codec.serialized_chunk(c)) for c in extra[1].chunks.values()
-                            if c.key not in sent)
-            request = reverb_service_pb2.InsertStreamRequest()
-            chunks = []
-            for table, item in queued:
-                for chunk in item.chunks.values():
-                    if chunk.key not in sent:
-                        sent[chunk.key] = chunk
-                        chunks.append(codec.serialized_chunk(chunk))
-                request.items.append(codec.item_to_proto(item, table, times_sampled=0))
             # Drop our own references so that only the writer decides which chunks stay alive.
-            queued = first = extra = table = item = chunk = None
+            entry = table = item = chunk = None
             # Every sent chunk still alive may be used by a later item: the server must keep it.
             request.keep_chunk_keys.extend(sent.keys())
-            serialized = request.SerializeToString()
             # ChunkData bytes are appended as repeated field 1 (chunks) without re-parsing them.
-            yield b"".join([serialized] + [b"\x0a" + _raw.varint(len(c)) + c for c in chunks])
+            parts = [request.SerializeToString()]
+            for data in chunks:
+                parts.append(b"\x0a" + _raw.varint(len(data)))
+                parts.append(data)
+            chunks = data = None
+            yield b"".join(parts)
             if closing:
                 return
 

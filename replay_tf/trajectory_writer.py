@@ -482,8 +482,12 @@ class TrajectoryWriter:
 
     def _on_finalized(self, chunk: Optional[Chunk]) -> None:
         """Sends the queued items whose chunks are now all final, in order."""
-        while self._unsent and all(self._is_final(c) for c in self._unsent[0][1].chunks.values()):
-            table, item = self._unsent.popleft()
+        unsent = self._unsent
+        if not unsent:
+            return
+        open_chunks = {id(c.chunk) for c in self._chunkers if c is not None and c.chunk is not None}
+        while unsent and not any(id(c) in open_chunks for c in unsent[0][1].chunks.values()):
+            table, item = unsent.popleft()
             self._stream.send(table, item)
 
     def _finalize_for(self, items: Sequence[Item]) -> None:

@@ -172,10 +172,12 @@ class InsertStream:
                 for raw in call:
                     keys = reverb_service_pb2.InsertStreamResponse.FromString(raw).keys
                     with self._lock:
+                        pop = self._unconfirmed.pop
                         for key in keys:
-                            self._unconfirmed.pop(key, None)
+                            pop(key, None)
                         self._reconnecting = None
-                        self._confirmed_cv.notify_all()
+                        if self._flushing:  # only flush waits for confirmations (it sets the flag first)
+                            self._confirmed_cv.notify_all()
                     backoff = _BACKOFF_S[0]
             except grpc.RpcError as e:
                 with self._lock:

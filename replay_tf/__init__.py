@@ -19,6 +19,7 @@ from replay_tf import selectors
 from replay_tf import structured_writer
 from replay_tf import structured_writer as structured
 from replay_tf.client import Client
+from replay_tf.client import set_connection_options
 from replay_tf.errors import DeadlineExceededError
 from replay_tf.errors import ReverbError
 from replay_tf.server import Server
@@ -58,6 +59,7 @@ __all__ = [
     "checkpointers",
     "rate_limiters",
     "selectors",
+    "set_connection_options",
     "structured",
     "structured_writer",
     # --- dataset helpers ---

@@ -2,6 +2,8 @@
 translation of gRPC failures into Reverb's Python errors (see `replay_tf._grpc_transport`)."""
 from __future__ import annotations
 
+import collections
+
 import grpc
 
 from replay_tf import errors
@@ -18,6 +20,33 @@ LINGER_S = 0.002                  # how long a request waits for more items (not
 CHUNK_CACHE_SIZE = 4096           # decoded chunks kept per sample stream
 CLOSE_TIMEOUT_S = 10.0
 CLOSE = object()
+
+
+AUTHORIZATION_KEY = "authorization"  # gRPC metadata keys are lower case
+
+
+class _CallDetails(collections.namedtuple(
+        "_CallDetails", ("method", "timeout", "metadata", "credentials", "wait_for_ready", "compression")),
+        grpc.ClientCallDetails):
+    pass
+
+
+class AuthTokenInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
+    """Adds `authorization: Bearer <token>` to the metadata of every call of a channel."""
+
+    def __init__(self, token: str):
+        self._entry = (AUTHORIZATION_KEY, f"Bearer {token}")
+
+    def _details(self, details: grpc.ClientCallDetails) -> grpc.ClientCallDetails:
+        metadata = [m for m in (details.metadata or ()) if m[0] != AUTHORIZATION_KEY] + [self._entry]
+        return _CallDetails(details.method, details.timeout, metadata, details.credentials,
+                            getattr(details, "wait_for_ready", None), getattr(details, "compression", None))
+
+    def intercept_unary_unary(self, continuation, client_call_details, request):
+        return continuation(self._details(client_call_details), request)
+
+    def intercept_stream_stream(self, continuation, client_call_details, request_iterator):
+        return continuation(self._details(client_call_details), request_iterator)
 
 
 def translate_error(error: grpc.RpcError, what: str) -> Exception:

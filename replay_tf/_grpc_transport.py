@@ -32,11 +32,24 @@ translate_error = common.translate_error
 
 
 class Transport:
-    """`replay_tf.client.Transport` to a Reverb-protocol server at `server_address` (`host:port`)."""
+    """`replay_tf.client.Transport` to a Reverb-protocol server at `server_address` (`host:port`).
 
-    def __init__(self, server_address: str):
+    `channel_credentials` (`grpc.ChannelCredentials`) makes the channel use TLS; `auth_token` is sent with
+    every call as `authorization: Bearer <token>` metadata (see `replay_tf.Server(auth_token=...)`).
+    """
+
+    def __init__(self, server_address: str, *, channel_credentials: Optional[grpc.ChannelCredentials] = None,
+                 auth_token: Optional[str] = None):
         self._address = server_address
-        self._channel = grpc.insecure_channel(server_address, options=common.CHANNEL_OPTIONS)
+        if channel_credentials is None:
+            channel = grpc.insecure_channel(server_address, options=common.CHANNEL_OPTIONS)
+        else:
+            channel = grpc.secure_channel(server_address, channel_credentials, options=common.CHANNEL_OPTIONS)
+        self._tls = channel_credentials is not None
+        self._raw_channel = channel
+        if auth_token is not None:
+            channel = grpc.intercept_channel(channel, common.AuthTokenInterceptor(auth_token))
+        self._channel = channel
         self._unary = {
             name: self._channel.unary_unary(common.SERVICE + name, request_serializer=common.identity,
                                             response_deserializer=common.identity)
@@ -44,6 +57,22 @@ class Transport:
 
     def __repr__(self) -> str:
         return f"Transport({self._address!r})"
+
+    def _not_connected_hint(self) -> str:
+        """Why a call may have waited in vain: said when the channel is not connected now."""
+        ready = grpc.channel_ready_future(self._raw_channel)
+        try:
+            ready.result(timeout=0.05)
+            return ""
+        except grpc.FutureTimeoutError:
+            pass
+        finally:
+            ready.cancel()
+        if self._tls:
+            return (f" (no connection to {self._address}: is the server up, and does it serve TLS with a "
+                    f"certificate that these channel_credentials trust?)")
+        return (f" (no connection to {self._address}: is the server up? A server started with TLS needs "
+                f"channel_credentials)")
 
     def _call(self, name: str, request, response_class, timeout_s: Optional[float] = None):
         try:
@@ -76,7 +105,8 @@ class Transport:
                                   reverb_service_pb2.ServerInfoResponse, timeout_s)
         except errors.DeadlineExceededError as e:
             raise errors.DeadlineExceededError(
-                f"ServerInfo call did not complete within provided timeout of {timeout_s}s") from e
+                f"ServerInfo call did not complete within provided timeout of {timeout_s}s"
+                f"{self._not_connected_hint()}") from e
         return {info.name: codec.table_info_from_proto(info) for info in response.table_info}
 
     def checkpoint(self) -> str:

@@ -21,6 +21,8 @@ Then ``replay-tf serve --config tables.yaml --port 8000`` serves the tables (Rev
 clients and `replay_tf.Client` connect to ``host:port``) and prints per-table statistics every
 ``--stats-interval`` seconds. With ``--checkpoint-dir`` the newest checkpoint there is restored at start and a
 checkpoint is written on exit (and every ``--checkpoint-interval`` seconds). Ctrl-C (or SIGTERM) stops cleanly.
+``--tls-cert cert.pem --tls-key key.pem`` serves over TLS and ``--auth-token-file token.txt`` requires the token
+in that file from every client (`replay_tf.set_connection_options` or REPLAY_TF_AUTH_TOKEN on the client side).
 """
 from __future__ import annotations
 
@@ -224,7 +226,13 @@ def serve(args: argparse.Namespace) -> int:
     checkpoint_dir = args.checkpoint_dir or config.get("checkpoint_dir")
     checkpointer = DirectoryCheckpointer(checkpoint_dir) if checkpoint_dir else None
     try:
-        server = Server(tables, port=port, checkpointer=checkpointer, host=host)
+        server_credentials, auth_token = _security_options(args)
+    except (ConfigError, OSError) as e:
+        print(f"replay-tf serve: {e}", file=sys.stderr)
+        return 2
+    try:
+        server = Server(tables, port=port, checkpointer=checkpointer, host=host,
+                        server_credentials=server_credentials, auth_token=auth_token)
     except (ValueError, OSError) as e:
         print(f"replay-tf serve: cannot start the server: {e}", file=sys.stderr)
         return 1
@@ -232,7 +240,9 @@ def serve(args: argparse.Namespace) -> int:
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         restored = {name: table.size() for name, table in server.tables.items() if table.size()}
+        protection = [name for name, on in (("TLS", server_credentials), ("auth token", auth_token)) if on]
         print(f"replay-tf: serving tables {sorted(server.tables)} on {host}:{server.port}"
+              + (f" with {' and '.join(protection)}" if protection else "")
               + (f" (restored from {checkpoint_dir}: {restored})" if restored else ""), flush=True)
         reporter = StatsReporter(server)
         next_checkpoint = (time.monotonic() + args.checkpoint_interval
@@ -254,6 +264,23 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _security_options(args: argparse.Namespace) -> tuple:
+    """`(grpc.ServerCredentials or None, token or None)` from --tls-cert/--tls-key and --auth-token-file."""
+    credentials = token = None
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise ConfigError("--tls-cert and --tls-key go together (the PEM certificate chain and its private key)")
+    if args.tls_cert:
+        import grpc  # noqa: PLC0415
+        with open(args.tls_cert, "rb") as cert, open(args.tls_key, "rb") as key:
+            credentials = grpc.ssl_server_credentials([(key.read(), cert.read())])
+    if args.auth_token_file:
+        with open(args.auth_token_file, encoding="utf-8") as f:
+            token = f.read().strip()
+        if not token:
+            raise ConfigError(f"--auth-token-file ({args.auth_token_file}) is empty: it must hold the token")
+    return credentials, token
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="replay-tf", description="replay_tf command line: run a standalone Reverb-compatible replay server.")
@@ -263,9 +290,15 @@ def _parser() -> argparse.ArgumentParser:
         description=__doc__.split("\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     serve_parser.add_argument("--config", required=True, help="tables config file (.json, or YAML otherwise)")
     serve_parser.add_argument("--host", default=None,
-                              help="interface to bind (default localhost; 0.0.0.0 serves every interface, "
-                                   "without authentication)")
+                              help="interface to bind (default localhost; 0.0.0.0 serves every interface: "
+                                   "use --tls-cert/--tls-key and --auth-token-file there)")
     serve_parser.add_argument("--port", type=int, default=None, help="port (default: the config's, else a free one)")
+    serve_parser.add_argument("--tls-cert", default=None, metavar="PEM",
+                              help="serve over TLS with this certificate chain (needs --tls-key)")
+    serve_parser.add_argument("--tls-key", default=None, metavar="PEM", help="private key of --tls-cert")
+    serve_parser.add_argument("--auth-token-file", default=None, metavar="FILE",
+                              help="require the token in FILE from every client, as 'authorization: Bearer "
+                                   "<token>' metadata (a file, so the token never shows in the process list)")
     serve_parser.add_argument("--checkpoint-dir", default=None,
                               help="restore the newest checkpoint from here at start; checkpoint here on exit")
     serve_parser.add_argument("--checkpoint-interval", type=float, default=None, metavar="SECONDS",

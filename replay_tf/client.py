@@ -20,7 +20,9 @@ A transport implements `Transport` below. Writers use `open_insert_stream()`; `T
 """
 from __future__ import annotations
 
+import os
 import random
+import threading
 from typing import Any, Dict, Iterator, List, Optional, Protocol
 
 import numpy as np
@@ -89,8 +91,79 @@ class Transport(Protocol):
     def checkpoint(self) -> str: ...
 
 
-def make_transport(server_address: str) -> Transport:
-    """In-process when a local `Server` owns `server_address`, else the remote (gRPC) transport."""
+# --- connection options (TLS and token; an addition: Reverb has neither) ---
+
+#: Environment variable holding the token sent to every server without `set_connection_options` entry.
+AUTH_TOKEN_ENV = "REPLAY_TF_AUTH_TOKEN"
+#: Environment variable naming a PEM file of root certificates: when set, remote connections without a
+#: `set_connection_options` entry use TLS trusting those roots.
+TLS_ROOT_CERTS_ENV = "REPLAY_TF_TLS_ROOT_CERTS"
+
+_connection_options_lock = threading.Lock()
+_connection_options: Dict[str, tuple] = {}
+
+
+def set_connection_options(server_address: str, *, channel_credentials=None,
+                           auth_token: Optional[str] = None) -> None:
+    """Sets how this process connects to `server_address`: TLS credentials and/or an auth token.
+
+    Everything that connects by address uses them (`Client`, its writers, `TrajectoryDataset`,
+    `make_reverb_dataset`, ...), so code written for Reverb reaches a protected server unchanged. Calling
+    it again replaces the options; passing neither clears them. Processes started later do not inherit
+    them: set them there too, or use the environment variables `REPLAY_TF_AUTH_TOKEN` and
+    `REPLAY_TF_TLS_ROOT_CERTS` (a PEM file of trusted roots), which apply to addresses without options.
+    In-process clients of a `Server` of this process need neither (see `Server`).
+
+    Args:
+      server_address: `host:port`, exactly as passed to `Client` or `TrajectoryDataset`.
+      channel_credentials: `grpc.ChannelCredentials` (e.g. `grpc.ssl_channel_credentials(root_pem)`) for
+        TLS; None for a plain connection.
+      auth_token: Token sent as `authorization: Bearer <token>` call metadata; None for none.
+
+    >>> set_connection_options('replay.example.com:8000', auth_token='s3cret')
+    >>> set_connection_options('replay.example.com:8000')  # cleared
+    """
+    server_lib._split_address(server_address)  # ValueError for a malformed address
+    if auth_token is not None and (not isinstance(auth_token, str) or not auth_token):
+        raise ValueError(f"auth_token must be a non-empty str or None, got {type(auth_token).__name__}")
+    with _connection_options_lock:
+        if channel_credentials is None and auth_token is None:
+            _connection_options.pop(server_address, None)
+        else:
+            _connection_options[server_address] = (channel_credentials, auth_token)
+
+
+def _resolve_connection_options(server_address: str, channel_credentials, auth_token) -> tuple:
+    """Explicit options, else those set for the address, else those of the environment."""
+    if channel_credentials is not None or auth_token is not None:
+        return channel_credentials, auth_token
+    with _connection_options_lock:
+        options = _connection_options.get(server_address)
+    if options is not None:
+        return options
+    token = os.environ.get(AUTH_TOKEN_ENV) or None
+    roots_path = os.environ.get(TLS_ROOT_CERTS_ENV)
+    credentials = None
+    if roots_path:
+        import grpc  # noqa: PLC0415  (only remote connections need gRPC)
+        try:
+            with open(roots_path, "rb") as f:
+                roots = f.read()
+        except OSError as e:
+            raise ValueError(f"{TLS_ROOT_CERTS_ENV} ({roots_path!r}) must name a readable PEM file of root "
+                             f"certificates: {e}") from e
+        credentials = grpc.ssl_channel_credentials(root_certificates=roots)
+    return credentials, token
+
+
+def make_transport(server_address: str, *, channel_credentials=None,
+                   auth_token: Optional[str] = None) -> Transport:
+    """In-process when a local `Server` owns `server_address`, else the remote (gRPC) transport.
+
+    The remote transport uses `channel_credentials` and `auth_token` when given, else the options of
+    `set_connection_options` or the environment. A local server is reached in-process whatever its
+    credentials: code of the same process is trusted.
+    """
     local = server_lib.find_local_server(server_address)
     if local is not None and not local.stopped:
         return InProcessTransport(local)
@@ -99,7 +172,11 @@ def make_transport(server_address: str) -> Transport:
     except ImportError as e:
         raise ValueError(f"no Server of this process serves {server_address!r} and the remote transport "
                          f"(replay_tf._grpc_transport) is unavailable: {e}") from e
-    return _grpc_transport.Transport(server_address)
+    channel_credentials, auth_token = _resolve_connection_options(server_address, channel_credentials, auth_token)
+    if channel_credentials is None and auth_token is None:
+        return _grpc_transport.Transport(server_address)
+    return _grpc_transport.Transport(server_address, channel_credentials=channel_credentials,
+                                     auth_token=auth_token)
 
 
 # --- the client ---
@@ -109,14 +186,29 @@ class Client:
 
     Args:
       server_address: `host:port` of the server, e.g. `f'localhost:{server.port}'`.
+      channel_credentials: Keyword-only, an addition to Reverb: `grpc.ChannelCredentials` for a server
+        started with TLS (`Server(server_credentials=...)`); default: `set_connection_options` or the
+        environment (`REPLAY_TF_TLS_ROOT_CERTS`).
+      auth_token: Keyword-only, an addition to Reverb: token of a server started with `auth_token`; default:
+        `set_connection_options` or `REPLAY_TF_AUTH_TOKEN`. A refused call raises `ReverbError` naming
+        gRPC status UNAUTHENTICATED.
+
+    A `Client` pickled for another process (multiprocessing) reconnects by address: explicit credentials
+    and tokens are not pickled; the other process finds them with `set_connection_options` or the
+    environment.
     """
 
-    def __init__(self, server_address: str):
+    def __init__(self, server_address: str, *, channel_credentials=None, auth_token: Optional[str] = None):
         self._server_address = server_address
-        self._transport = make_transport(server_address)
+        if channel_credentials is None and auth_token is None:
+            self._transport = make_transport(server_address)
+        else:
+            self._transport = make_transport(server_address, channel_credentials=channel_credentials,
+                                             auth_token=auth_token)
         self._signature_cache: Dict[str, Any] = {}
 
     def __reduce__(self):
+        # Only the address: secrets are never pickled (see the class docstring).
         return Client, (self._server_address,)
 
     def __repr__(self) -> str:

@@ -66,6 +66,17 @@ class Server:
         default of `replay_tf.service.DEFAULT_MAX_MESSAGE_BYTES`, -1 for no limit). A larger request (e.g.
         an insert carrying a huge chunk) fails with `RESOURCE_EXHAUSTED`; the server keeps serving. Reverb's
         C++ server accepts messages of any size. In-process clients are never limited.
+      server_credentials: `grpc.ServerCredentials` (e.g. `grpc.ssl_server_credentials([(key_pem, cert_pem)])`)
+        to serve over TLS (keyword-only, an addition: Reverb has no TLS); clients then need matching
+        `channel_credentials` (`Client(..., channel_credentials=...)` or `replay_tf.set_connection_options`).
+      auth_token: Keyword-only, an addition: every gRPC call must carry `authorization: Bearer <token>`
+        metadata (`Client(..., auth_token=...)`, `replay_tf.set_connection_options`, or the
+        `REPLAY_TF_AUTH_TOKEN` environment variable); others fail with UNAUTHENTICATED. Checked in constant
+        time. Send tokens only over TLS or loopback. Clients in this process reach the tables in-process,
+        without credentials: code running in the server's process is trusted (it could read the tables'
+        memory anyway).
+
+    Binding a non-loopback `host` with neither TLS nor a token logs a warning.
 
     >>> server = Server([Table.queue('q', 10)], max_message_bytes=1 << 20)
     >>> server.max_message_bytes
@@ -74,7 +85,8 @@ class Server:
     """
 
     def __init__(self, tables: Sequence[Table], port: Optional[int] = None, checkpointer=None, *,
-                 host: str = "localhost", max_message_bytes: Optional[int] = None):
+                 host: str = "localhost", max_message_bytes: Optional[int] = None, server_credentials=None,
+                 auth_token: Optional[str] = None):
         tables = list(tables or ())
         if not tables:
             raise ValueError("At least one table must be provided")
@@ -89,8 +101,13 @@ class Server:
                                               and max_message_bytes != -1):
             raise ValueError(f"max_message_bytes ({max_message_bytes!r}) must be a positive number of bytes, -1 "
                              f"for no limit, or None for the default")
+        if auth_token is not None and (not isinstance(auth_token, str) or not auth_token.strip()):
+            raise ValueError(f"auth_token must be a non-empty str or None, got {type(auth_token).__name__}")
         self._tables = {t.name: t for t in tables}
         self._host = host
+        #: Read by `replay_tf.service.start`: TLS credentials and the token calls must carry.
+        self.server_credentials = server_credentials
+        self.auth_token = auth_token
         #: Read by `replay_tf.service.start` when it starts the listener.
         self.max_message_bytes = None if max_message_bytes is None else int(max_message_bytes)
         self._port = _pick_unused_port() if port is None else int(port)

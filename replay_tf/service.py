@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import hmac
 import logging
 import threading
 import time
@@ -490,6 +491,49 @@ class GrpcService:
         self._grpc_server.stop(grace_s).wait(timeout=10)
 
 
+_STREAM_METHODS = frozenset(("InsertStream", "SampleStream", "InitializeConnection"))
+_LOOPBACK_HOSTS = frozenset(("localhost", "127.0.0.1", "::1", "[::1]"))
+
+
+class _TokenInterceptor(grpc.ServerInterceptor):
+    """Refuses every call without `authorization: Bearer <token>` metadata with UNAUTHENTICATED.
+
+    The token is compared in constant time (`hmac.compare_digest`), so its value cannot be guessed from
+    response times. Refused calls never reach the servicer.
+    """
+
+    def __init__(self, token: str):
+        self._expected = f"Bearer {token}".encode()
+
+        def refuse(details: str):
+            def handler(request, context):
+                context.abort(grpc.StatusCode.UNAUTHENTICATED, details)
+            return handler
+
+        self._refusals = {}
+        for reason, details in (
+                ("missing", "this replay server requires an auth token: send 'authorization: Bearer <token>' "
+                            "metadata (replay_tf.Client(address, auth_token=...), "
+                            "replay_tf.set_connection_options or REPLAY_TF_AUTH_TOKEN)"),
+                ("wrong", "the auth token sent in 'authorization' metadata is not this replay server's token")):
+            handler = refuse(details)
+            self._refusals[reason] = (
+                grpc.unary_unary_rpc_method_handler(handler, request_deserializer=_identity,
+                                                    response_serializer=_identity),
+                grpc.stream_stream_rpc_method_handler(handler, request_deserializer=_identity,
+                                                      response_serializer=_identity))
+
+    def intercept_service(self, continuation, handler_call_details):
+        sent = None
+        for key, value in handler_call_details.invocation_metadata or ():
+            if key == "authorization":
+                sent = value.encode() if isinstance(value, str) else bytes(value)
+        if sent is not None and hmac.compare_digest(sent, self._expected):
+            return continuation(handler_call_details)
+        unary, stream = self._refusals["missing" if sent is None else "wrong"]
+        return stream if handler_call_details.method.rsplit("/", 1)[-1] in _STREAM_METHODS else unary
+
+
 def _handler(servicer: ReverbServicer) -> grpc.GenericRpcHandler:
     unary = lambda fn: grpc.unary_unary_rpc_method_handler(  # noqa: E731
         fn, request_deserializer=_identity, response_serializer=_identity)
@@ -507,18 +551,25 @@ def _handler(servicer: ReverbServicer) -> grpc.GenericRpcHandler:
 
 
 def start(server, *, host: Optional[str] = None, port: Optional[int] = None,
-          max_message_bytes: Optional[int] = None, max_workers: Optional[int] = None) -> GrpcService:
+          max_message_bytes: Optional[int] = None, max_workers: Optional[int] = None,
+          server_credentials: Optional[grpc.ServerCredentials] = None,
+          auth_token: Optional[str] = None) -> GrpcService:
     """Serves `server`'s tables as `deepmind.reverb.ReverbService`; the hook `replay_tf.Server` calls.
 
     Args:
       server: A `replay_tf.Server` (its `tables`, `host`, `port`, `chunk_store`, `tables_state_id`,
         `checkpointer` and `checkpoint()` are used).
       host: Interface to bind; default `server.host`, else "localhost". Binding anything else (e.g.
-        "0.0.0.0") exposes the tables, unauthenticated, to the network, as Reverb always does.
+        "0.0.0.0") exposes the tables to the network, as Reverb always does: a warning is logged unless
+        TLS or a token protects them.
       port: Port to bind; default `server.port`.
       max_message_bytes: Largest request accepted (default `server.max_message_bytes` if set, else
         `DEFAULT_MAX_MESSAGE_BYTES`); -1 for no limit. Responses are never limited.
       max_workers: Threads serving calls; every open stream holds one (default 64).
+      server_credentials: `grpc.ServerCredentials` to serve over TLS (default `server.server_credentials`
+        if set, else plain text).
+      auth_token: Token every call must carry as `authorization: Bearer <token>` metadata (default
+        `server.auth_token` if set, else none); others fail with UNAUTHENTICATED.
 
     Returns:
       The running `GrpcService`.
@@ -530,6 +581,13 @@ def start(server, *, host: Optional[str] = None, port: Optional[int] = None,
     port = server.port if port is None else port
     if max_message_bytes is None:
         max_message_bytes = getattr(server, "max_message_bytes", None) or DEFAULT_MAX_MESSAGE_BYTES
+    if server_credentials is None:
+        server_credentials = getattr(server, "server_credentials", None)
+    if auth_token is None:
+        auth_token = getattr(server, "auth_token", None)
+    if host.lower() not in _LOOPBACK_HOSTS and server_credentials is None and auth_token is None:
+        _log.warning("the replay server binds %s:%s without TLS or auth token: anyone who can reach it may read, "
+                     "insert and delete data (pass server_credentials= and auth_token= to Server)", host, port)
     servicer = ReverbServicer(server)
     options = [
         ("grpc.max_receive_message_length", int(max_message_bytes)),
@@ -538,10 +596,14 @@ def start(server, *, host: Optional[str] = None, port: Optional[int] = None,
     ]
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=max_workers or DEFAULT_MAX_WORKERS,
                                                  thread_name_prefix="replay_tf-grpc")
-    grpc_server = grpc.server(pool, handlers=[_handler(servicer)], options=options)
+    interceptors = [_TokenInterceptor(auth_token)] if auth_token is not None else None
+    grpc_server = grpc.server(pool, handlers=[_handler(servicer)], interceptors=interceptors, options=options)
     bind_host = f"[{host}]" if ":" in host and not host.startswith("[") else host
     try:
-        bound = grpc_server.add_insecure_port(f"{bind_host}:{port}")
+        if server_credentials is None:
+            bound = grpc_server.add_insecure_port(f"{bind_host}:{port}")
+        else:
+            bound = grpc_server.add_secure_port(f"{bind_host}:{port}", server_credentials)
     except RuntimeError as e:
         bound, error = 0, e
     else:

@@ -90,7 +90,8 @@ def test_help_is_there_for_newcomers(capsys):
         cli.main(["serve", "--help"])
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
-    for text in ("--config", "--checkpoint-dir", "--host", "--port", "queue: 1000", "sample_to_insert_ratio"):
+    for text in ("--config", "--checkpoint-dir", "--host", "--port", "queue: 1000", "sample_to_insert_ratio",
+                 "--tls-cert", "--tls-key", "--auth-token-file"):
         assert text in out
 
 
@@ -189,3 +190,44 @@ def test_serve_process_stats_ctrl_c_and_checkpoint_restore(tmp_path):
         assert restarted.stop(signal.SIGTERM) == 0
     finally:
         restarted.kill()
+
+
+def test_serve_with_tls_and_a_token_file(tmp_path, monkeypatch):
+    import grpc  # noqa: PLC0415
+    from replay_tf import errors  # noqa: PLC0415
+
+    # The certificate is made as in test_security.py (a conftest fixture would share it).
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "key.pem", "-out",
+                    "cert.pem", "-days", "1", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"], cwd=tmp_path, check=True,
+                   capture_output=True)
+    (tmp_path / "token.txt").write_text("tok-from-file\n")
+    config = tmp_path / "tables.json"
+    config.write_text(json.dumps({"tables": [{"name": "q", "queue": 10}]}))
+    port = _free_port()
+    server = _ServeProcess("--config", str(config), "--port", str(port), "--tls-cert", str(tmp_path / "cert.pem"),
+                           "--tls-key", str(tmp_path / "key.pem"), "--auth-token-file", str(tmp_path / "token.txt"))
+    try:
+        server.wait_for(rf"serving tables \['q'\] on localhost:{port} with TLS and auth token")
+        credentials = grpc.ssl_channel_credentials((tmp_path / "cert.pem").read_bytes())
+        with pytest.raises(errors.ReverbError, match="UNAUTHENTICATED"):
+            reverb.Client(f"localhost:{port}", channel_credentials=credentials).server_info(timeout=30)
+        client = reverb.Client(f"localhost:{port}", channel_credentials=credentials, auth_token="tok-from-file")
+        client.insert(np.float32(7), priorities={"q": 1.0})
+        assert float(next(client.sample("q", emit_timesteps=False)).data[0][0]) == 7.0
+        assert server.stop(signal.SIGTERM) == 0
+    finally:
+        server.kill()
+
+
+@pytest.mark.parametrize("files,error", [
+    ({"tls_cert": "cert.pem"}, r"--tls-cert and --tls-key go together"),
+    ({"auth_token_file": "empty.txt"}, r"--auth-token-file \(.*empty.txt\) is empty"),
+])
+def test_bad_security_flags_exit_2(tmp_path, capsys, files, error):
+    (tmp_path / "c.json").write_text(json.dumps({"tables": [{"name": "q", "queue": 3}]}))
+    (tmp_path / "cert.pem").write_text("x")
+    (tmp_path / "empty.txt").write_text("  \n")
+    flags = [item for name, file in files.items() for item in (f"--{name.replace('_', '-')}", str(tmp_path / file))]
+    assert cli.main(["serve", "--config", str(tmp_path / "c.json"), *flags]) == 2
+    assert re.search(error, capsys.readouterr().err)

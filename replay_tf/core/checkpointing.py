@@ -69,6 +69,7 @@ def _write_records(path: str, records: Iterator[bytes]) -> None:
 
 def _read_records(path: str) -> Iterator[bytes]:
     with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
         while True:
             header = f.read(_HEADER.size)
             if not header:
@@ -76,6 +77,9 @@ def _read_records(path: str) -> Iterator[bytes]:
             if len(header) < _HEADER.size:
                 raise CheckpointError(f"{path}: truncated record header")
             length, crc = _HEADER.unpack(header)
+            if length > size - f.tell():  # a corrupt length must not make us allocate it
+                raise CheckpointError(f"{path}: truncated or corrupt record (length {length} at offset "
+                                      f"{f.tell() - _HEADER.size}, file size {size})")
             record = f.read(length)
             if len(record) != length or zlib.crc32(record) != crc:
                 raise CheckpointError(f"{path}: truncated or corrupt record")

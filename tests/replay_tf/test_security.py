@@ -180,3 +180,109 @@ def test_bad_tokens_are_refused(token):
     if isinstance(token, str) and not token:
         with pytest.raises(ValueError, match="auth_token must be a non-empty str"):
             reverb.set_connection_options("localhost:1", auth_token=token)
+
+
+# --- no pickle: crafted checkpoints cannot execute code, and the runtime code never unpickles ---
+
+class _Exploit:
+    """Unpickling this creates `marker` (a stand-in for arbitrary code)."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return open, (self.marker, "w")
+
+
+def _record(payload: bytes) -> bytes:
+    """`payload` framed as one record of the checkpoint files (length, CRC32, bytes)."""
+    import struct  # noqa: PLC0415
+    import zlib  # noqa: PLC0415
+    return struct.pack("<QI", len(payload), zlib.crc32(payload)) + payload
+
+
+def _write_checkpoint(directory, payload: bytes, framed: bool, *, valid_tables: bool = False):
+    """A checkpoint directory whose every file holds `payload` (raw, or framed as a record)."""
+    from replay_tf.wire import checkpoint_pb2  # noqa: PLC0415
+
+    directory.mkdir(parents=True)
+    content = _record(payload) if framed else payload
+    for name in ("tables.records", "chunks.records", "items.records", "DONE", "checkpoint.pkl"):
+        (directory / name).write_bytes(content)
+    if valid_tables:  # the tables file is sound, so the loader goes on to read the chunks and items files
+        table = checkpoint_pb2.PriorityTableCheckpoint(table_name="t").SerializeToString()
+        (directory / "tables.records").write_bytes(_record(table))
+
+
+@pytest.mark.parametrize("protocol", [0, 2, 5])
+@pytest.mark.parametrize("framed,valid_tables", [(False, False), (True, False), (True, True)])
+def test_a_crafted_checkpoint_cannot_execute_code(tmp_path, protocol, framed, valid_tables):
+    import pickle  # noqa: PLC0415  (the test crafts the attack; the package never imports pickle)
+    from google.protobuf import message  # noqa: PLC0415
+
+    marker = tmp_path / "pwned"
+    payload = pickle.dumps(_Exploit(marker), protocol=protocol)
+    pickle.loads(payload).close()  # the payload does run when unpickled...
+    assert marker.exists()
+    marker.unlink()
+    root = tmp_path / "checkpoints"
+    _write_checkpoint(root / "2099-01-01T00:00:00.000000", payload, framed, valid_tables=valid_tables)
+    checkpointer = reverb.checkpointers.DefaultCheckpointer(str(root))
+    try:
+        server = reverb.Server([reverb.Table.queue("t", 10)], checkpointer=checkpointer)
+    except (ValueError, message.DecodeError):
+        pass  # refused: a corrupt record, or bytes that are no checkpoint message
+    else:  # ...or read as (garbage) protobuf fields, which restores nothing executable
+        server.stop()
+    assert not marker.exists()  # ...but never when a checkpoint is loaded
+
+
+_UNPICKLING_MODULES = {"pickle", "cPickle", "_pickle", "marshal", "shelve", "dill", "cloudpickle", "joblib"}
+
+
+def _unsafe_calls(tree) -> list:
+    import ast  # noqa: PLC0415
+
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [a.name for a in node.names] + ([node.module] if isinstance(node, ast.ImportFrom) else [])
+            found += [f"import {n}" for n in names if n and n.split(".")[0] in _UNPICKLING_MODULES]
+        elif isinstance(node, ast.Call):
+            func = node.func
+            name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+            if isinstance(func, ast.Name) and name in ("eval", "exec", "__import__"):
+                found.append(f"{name}(")
+            if name in ("unsafe_load", "full_load") or (
+                    name == "load" and isinstance(func, ast.Attribute) and getattr(func.value, "id", "") == "yaml"):
+                found.append(f"yaml.{name}(")
+            for keyword in node.keywords:
+                if keyword.arg == "allow_pickle" and not (
+                        isinstance(keyword.value, ast.Constant) and keyword.value.value is False):
+                    found.append("allow_pickle=<not False>")
+    return found
+
+
+def test_runtime_code_never_unpickles_or_evaluates():
+    """No pickle/marshal/shelve, eval/exec or unsafe YAML in replay_tf/ and rlds_tf/ (tests excluded).
+
+    `Client.__reduce__` is allowed: it lets multiprocessing pickle a client *out* of this process as its
+    address only; nothing in the packages ever unpickles.
+    """
+    import ast  # noqa: PLC0415
+    import pathlib  # noqa: PLC0415
+
+    root = pathlib.Path(reverb.__file__).parent.parent
+    offenders, scanned = {}, 0
+    for package in ("replay_tf", "rlds_tf"):
+        for path in sorted((root / package).rglob("*.py")):
+            scanned += 1
+            found = _unsafe_calls(ast.parse(path.read_text(), str(path)))
+            if found:
+                offenders[str(path.relative_to(root))] = found
+    assert scanned > 40
+    assert offenders == {}
+    # The scan itself finds what it looks for.
+    assert sorted(_unsafe_calls(ast.parse("import pickle\nfrom marshal import loads\neval('1')\nyaml.load(s)\n"
+                                          "np.load(f, allow_pickle=True)\nnp.load(f, allow_pickle=False)\n"))) == [
+        "allow_pickle=<not False>", "eval(", "import marshal", "import pickle", "yaml.load("]

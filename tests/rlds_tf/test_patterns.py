@@ -14,6 +14,7 @@ from dataset_testlib import assert_iterator_checkpoint_roundtrip
 from dataset_testlib import assert_nested_equal
 from rlds_tf import patterns
 from rlds_tf import transformations
+from rlds_tf.patterns import compile as compile_lib
 
 EPISODE_LENGTHS = [5, 1, 7, 3, 6]
 _N = sum(EPISODE_LENGTHS)
@@ -136,9 +137,14 @@ def _unflatten(out: dict, name: str, structure):
 
 
 @pytest.mark.peer
-@pytest.mark.parametrize("stacked", [False, True], ids=["nested_steps", "stacked_steps"])
+@pytest.mark.parametrize("layout", ["nested_steps", "nested_steps_blocks_of_3", "stacked_steps"])
 @pytest.mark.parametrize("name,respect,snippet", CASES, ids=[c[0] for c in CASES])
-def test_pattern_map_matches_reverb(expected, name, respect, snippet, stacked):
+def test_pattern_map_matches_reverb(expected, name, respect, snippet, layout, monkeypatch):
+    if layout == "nested_steps_blocks_of_3":
+        # Nested steps run as one stream cut into blocks (normally ~2k steps, so one block here): blocks
+        # of 3 steps make every episode boundary fall at another position within a block, or between two.
+        monkeypatch.setattr(compile_lib, "_MAX_BLOCK_STEPS", 3)
+    stacked = layout == "stacked_steps"
     configs = _configs(snippet)
     ours = transformations.pattern_map(_episodes(stacked), configs, respect)
     actual = list(ours)
@@ -204,6 +210,16 @@ def test_many_episodes_keep_their_order():
     ref = patterns.create_reference_step(transformations.step_spec(episodes))
     out = transformations.pattern_map(episodes, [patterns.create_config(ref["x"][-1], "t")])
     assert [int(x) for x in out] == list(range(total))
+
+
+def test_episodes_with_endless_steps_stream():
+    # An episode whose steps never end still gives items (blocks of a bounded number of steps).
+    steps = tf.data.Dataset.range(10 ** 12).map(lambda i: {"x": i, "is_last": tf.equal(i % 4, 3)})
+    episodes = tf.data.Dataset.from_tensors({"steps": steps})
+    out = transformations.pattern_map_from_transform(episodes, lambda s: {"x": s["x"][-2], "next_x": s["x"][-1]})
+    pairs = [(int(t["x"]), int(t["next_x"])) for t in out.take(7)]
+    # Steps 0-3, 4-7, ... are episodes (is_last every 4th step): no pair crosses 3 -> 4 or 7 -> 8.
+    assert pairs == [(0, 1), (1, 2), (2, 3), (4, 5), (5, 6), (6, 7), (8, 9)]
 
 
 def test_steps_with_unknown_shapes_and_strings():

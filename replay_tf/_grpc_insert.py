@@ -238,7 +238,7 @@ class InsertStream:
             self._confirmed_cv.notify_all()
             connection = self._connection
             connection.queue.put(common.CLOSE)
-            if self._unconfirmed:
+            if self._unconfirmed or self._reconnecting is not None:
                 connection.call.cancel()  # unflushed items are dropped, as documented
         self._reader.join(common.CLOSE_TIMEOUT_S)
         if self._reader.is_alive():

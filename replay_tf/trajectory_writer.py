@@ -11,6 +11,13 @@ once, referring to rows already written. With a remote transport (`supports_open
 finalized when it reaches `max_chunk_length` rows, at `end_episode`, or when `flush` needs it, and items are
 sent once every chunk they use is final, as Reverb's writer does.
 
+Delivery is asynchronous, as in Reverb: `create_item` never blocks. In process, an item the rate limiter
+refuses is inserted by a background thread of the writer's stream as soon as the table admits it (items
+keep their order). A remote stream that loses its server (UNAVAILABLE, e.g. a restart at the same address)
+reconnects and re-sends the items the server has not confirmed, with their chunks (at-least-once, keyed:
+see `replay_tf._grpc_insert.InsertStream`). `flush` and `end_episode` wait for the items; `close` drops
+those still waiting.
+
 >>> import replay_tf as reverb
 >>> server = reverb.Server([reverb.Table.queue('q', 10)])
 >>> client = reverb.Client(f'localhost:{server.port}')

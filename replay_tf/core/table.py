@@ -320,10 +320,13 @@ class Table:
 
     # --- sampling ---
 
-    def sample(self, num_samples: int = 1, timeout_ms: Optional[float] = None) -> list:
+    def sample(self, num_samples: int = 1, timeout_ms: Optional[float] = None, *,
+               cancelled: Optional[threading.Event] = None) -> list:
         """A flexible batch: waits until one sample is admitted, then takes up to `num_samples` at once.
 
-        Returns as many samples as the rate limiter admits without waiting again (at least one).
+        Returns as many samples as the rate limiter admits without waiting again (at least one). When
+        `cancelled` is set (then `wake_waiters()` called), the wait ends with `CancelledError` and nothing
+        is taken: a server stops a sampler whose client went away before it consumes an item.
         """
         if num_samples < 1:
             raise ValueError(f"num_samples ({num_samples}) must be >= 1")
@@ -333,8 +336,10 @@ class Table:
             if not (limiter.can_sample(1) and self._items):
                 rate_limited = True
                 self._wait(self._sample_cv, lambda: limiter.can_sample(1) and bool(self._items),
-                           _deadline(timeout_ms))
+                           _deadline(timeout_ms), cancelled)
             self._check_open()
+            if cancelled is not None and cancelled.is_set():
+                raise errors.CancelledError(f"sampling from table '{self._name}' was cancelled")
             count = limiter.num_can_sample(num_samples)
             out = []
             if not self._sampler.is_deterministic and self._max_times_sampled < 1:
@@ -411,11 +416,21 @@ class Table:
         if self._closed:
             raise errors.CancelledError(f"Table '{self._name}' has been closed (its server was stopped).")
 
-    def _wait(self, cv: threading.Condition, admitted, deadline: Optional[float]) -> None:
+    def wake_waiters(self) -> None:
+        """Wakes every blocked insert and sample, so that they re-check their `cancelled` event."""
+        with self._lock:
+            self._insert_cv.notify_all()
+            self._sample_cv.notify_all()
+
+    def _wait(self, cv: threading.Condition, admitted, deadline: Optional[float],
+              cancelled: Optional[threading.Event] = None) -> None:
         self._num_waiting += 1  # lets the hot paths skip notify_all when nobody waits
         try:
             while True:
                 self._check_open()
+                if cancelled is not None and cancelled.is_set():
+                    raise errors.CancelledError(f"waiting on the rate limiter of table '{self._name}' was "
+                                                f"cancelled")
                 if admitted():
                     return
                 if deadline is None:

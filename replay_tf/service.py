@@ -391,31 +391,46 @@ class ReverbServicer:
         return self._run_stream(context, self._sample_stream(request_iterator, context))
 
     def _sample_stream(self, request_iterator, context) -> Iterator[bytes]:
+        # When the call ends (the client cancels or goes away), a sampler blocked on the rate limiter
+        # stops at once and takes nothing: an item inserted after the cancellation goes to another client.
+        cancelled = threading.Event()
+        sampling: list = []  # the table this stream samples from, to wake its waiters on cancellation
+
+        def on_done() -> None:
+            cancelled.set()
+            for table in sampling:
+                table.wake_waiters()
+
+        context.add_callback(on_done)
         for raw in request_iterator:
             request = _parse(reverb_service_pb2.SampleStreamRequest, raw)
             if request.num_samples <= 0:
                 raise _StatusError(grpc.StatusCode.INVALID_ARGUMENT,
                                    f"num_samples ({request.num_samples}) must be > 0")
             entry = self._entry(request.table)
+            sampling[:] = [entry.table]
             timeout_ms = request.rate_limiter_timeout.milliseconds
             # Reverb servers wait forever for timeouts <= 0 (missing, -1 or 0).
             deadline = time.monotonic() + timeout_ms / 1000.0 if timeout_ms > 0 else None
             remaining, batch_size = request.num_samples, _FIRST_SAMPLE_BATCH
             while remaining > 0:
-                batch = self._sample(entry.table, min(remaining, batch_size), deadline, context)
+                batch = self._sample(entry.table, min(remaining, batch_size), deadline, context, cancelled)
                 remaining -= len(batch)
                 batch_size = min(batch_size * 2, _MAX_SAMPLE_BATCH)
                 yield from self._responses(entry, batch)
 
     @staticmethod
-    def _sample(table: table_lib.Table, num_samples: int, deadline: Optional[float], context) -> list:
+    def _sample(table: table_lib.Table, num_samples: int, deadline: Optional[float], context,
+                cancelled: threading.Event) -> list:
         waited = False
         while True:
             slice_ms = _WAIT_SLICE_MS
             if deadline is not None:
                 slice_ms = min(slice_ms, max(0.0, (deadline - time.monotonic()) * 1000.0))
+            if cancelled.is_set():
+                raise _StatusError(grpc.StatusCode.CANCELLED, "the client closed the stream")
             try:
-                batch = table.sample(num_samples, timeout_ms=slice_ms)
+                batch = table.sample(num_samples, timeout_ms=slice_ms, cancelled=cancelled)
             except errors.DeadlineExceededError:
                 if deadline is not None and time.monotonic() >= deadline:
                     raise _StatusError(grpc.StatusCode.DEADLINE_EXCEEDED,

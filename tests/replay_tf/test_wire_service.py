@@ -270,3 +270,35 @@ def test_the_service_uses_the_servers_chunk_store(channel, server):
     server.tables["t"].mutate_items(deletes=[311])
     gc.collect()
     assert len(server.chunk_store) == before
+
+
+def test_a_cancelled_sampler_stops_waiting_and_takes_no_item(monkeypatch):
+    # Waiting slices longer than the test: only the cancellation callback can end the wait.
+    monkeypatch.setattr(service, "_WAIT_SLICE_MS", 600_000)
+    server = reverb.Server([reverb.Table.queue("cq", 10)])
+    table = server.tables["cq"]
+    channel = grpc.insecure_channel(f"localhost:{server.port}")
+    try:
+        request = reverb_service_pb2.SampleStreamRequest(table="cq", num_samples=1).SerializeToString()
+        call = channel.stream_stream(_PREFIX + "SampleStream", request_serializer=lambda b: b,
+                                     response_deserializer=lambda b: b)(iter([request]), timeout=60)
+
+        def wait_until(predicate, what):
+            for _ in range(200):
+                if predicate():
+                    return
+                time.sleep(0.05)
+            raise AssertionError(f"timed out waiting until {what}")
+
+        wait_until(lambda: table._num_waiting == 1, "the sampler waits on the empty queue")
+        call.cancel()
+        wait_until(lambda: table._num_waiting == 0, "the cancelled sampler stops waiting")
+        # An item inserted now is not consumed by the cancelled stream: the next client gets it.
+        reverb.Client(f"localhost:{server.port}").insert(np.float32(3), priorities={"cq": 1.0})
+        assert table.size() == 1
+        [sample] = next(reverb.Client(f"localhost:{server.port}").sample("cq"))
+        assert float(sample.data[0]) == 3.0
+        assert table.info.num_unique_samples == 1
+    finally:
+        channel.close()
+        server.stop()

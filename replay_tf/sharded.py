@@ -73,6 +73,11 @@ class ShardedClient:
         self._inserts = itertools.count()
         self._lock = threading.Lock()
 
+    def __reduce__(self):
+        # Picklable like `Client` (actors in other processes get their own connections); a custom route
+        # must be picklable itself (a module-level function).
+        return _sharded_client, (self._addresses, self._route)
+
     def __repr__(self) -> str:
         return f"ShardedClient({self._addresses!r})"
 
@@ -122,6 +127,10 @@ class ShardedClient:
     def server_info(self, timeout: Optional[int] = None) -> List[Dict[str, Any]]:
         """Each server's `server_info()`, in the order of `server_addresses`."""
         return [client.server_info(timeout) for client in self._clients]
+
+
+def _sharded_client(server_addresses: Sequence[str], route: Union[str, Route]) -> ShardedClient:
+    return ShardedClient(server_addresses, route=route)
 
 
 class ShardedWriter:

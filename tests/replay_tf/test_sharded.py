@@ -134,6 +134,19 @@ def test_make_reverb_dataset_reads_every_server():
             server.stop()
 
 
+def _to_last(writer_index, episode_index):
+    return -1
+
+
+def test_sharded_client_pickles_with_its_route(servers):
+    import pickle
+    client = pickle.loads(pickle.dumps(reverb.ShardedClient([s.address for s in servers], route=_to_last)))
+    assert client.server_addresses == [s.address for s in servers]
+    with client.trajectory_writer(num_keep_alive_refs=2) as writer:
+        _write_episodes(writer, 2)
+    assert [_drain(s) for s in servers] == [[], _expected([0, 1])]
+
+
 def test_bad_arguments():
     with pytest.raises(TypeError, match=r"sequence of 'host:port' strings, got the string 'localhost:1'"):
         reverb.ShardedClient("localhost:1")

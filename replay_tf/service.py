@@ -6,8 +6,10 @@
 Protocol (see ../shared/reference/reverb.md §2), as a dm-reverb 0.14 client expects it:
   - `InsertStream`: requests carry chunks and items; chunks live in a per-stream map until an item refers to
     them, and only the chunks listed in `keep_chunk_keys` survive a request with items. Items are inserted
-    in order, blocking on the rate limiter (the stream is not read meanwhile: back-pressure); the keys of
-    inserted items are sent back as confirmations, those completed meanwhile coalesced into one response.
+    in order per table; items the rate limiter holds back wait in the table's pending-insert queue
+    (`_InsertQueue`), and when it holds Reverb's `max(1, min(0.1 * max_size, 1000))` items the stream is
+    not read meanwhile (back-pressure); the keys of inserted items are sent back as confirmations, those
+    completed meanwhile coalesced into one response.
     Items are checked against the chunks' headers (nothing is decoded) and the table signature; a length-1
     unsqueezed column whose step matches the signature is accepted, because Reverb's `client.insert`
     sends those and Reverb stores them.
@@ -27,6 +29,7 @@ and the chunks held for that stream are released.
 """
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import dataclasses
 import hmac
@@ -97,6 +100,7 @@ class _TableEntry:
         self.signature_entries = (table_lib._signature_entries(table.signature)
                                   if table.signature is not None else None)
         self._signature_proto = None
+        self.inserts = _InsertQueue(table)
 
     def info_proto(self) -> schema_pb2.TableInfo:
         info = self.table.info
@@ -106,6 +110,110 @@ class _TableEntry:
                 self._signature_proto = codec.encode_signature(info.signature)
             proto.signature.CopyFrom(self._signature_proto)
         return proto
+
+
+class _InsertStreamState:
+    """What an InsertStream's reader, its table queues and its sender share: keys to confirm, the first
+    error, and how many of its items wait in table queues."""
+
+    def __init__(self, context):
+        self.cv = threading.Condition()
+        self.keys: list = []
+        self.error: Optional[BaseException] = None
+        self.done = False
+        self.outstanding = 0
+        self._context = context
+
+    def active(self) -> bool:
+        return self._context.is_active()
+
+    def confirm(self, key: int) -> None:
+        with self.cv:
+            self.keys.append(key)
+            self.cv.notify_all()
+
+    def queued(self) -> None:
+        with self.cv:
+            self.outstanding += 1
+
+    def finished(self, key: int, error: Optional[BaseException]) -> None:
+        """A queued item was inserted (`error` None) or failed."""
+        with self.cv:
+            self.outstanding -= 1
+            if error is None:
+                self.keys.append(key)
+            elif self.error is None:
+                self.error = error
+            self.cv.notify_all()
+
+    def wait_for_queued(self) -> None:
+        """Blocks until every queued item of the stream was inserted (or one failed)."""
+        with self.cv:
+            while self.outstanding and self.error is None:
+                self.cv.wait(_WAIT_SLICE_MS / 1000.0)
+                if not self.active():
+                    raise _StatusError(grpc.StatusCode.CANCELLED, "the client closed the stream")
+
+
+class _InsertQueue:
+    """A table's pending inserts, as Reverb's table worker queues them.
+
+    An item the rate limiter admits at once is inserted by the stream's reader itself. Otherwise it
+    waits here, in order, for a worker thread to insert it when the limiter allows; at most `limit`
+    items (Reverb's `max(1, min(0.1 * max_size, 1000))`) wait per table, and a stream with one more item
+    for a full queue is not read meanwhile (back-pressure). Items of a stream whose client went away are
+    dropped instead of inserted.
+    """
+
+    def __init__(self, table: table_lib.Table):
+        self._table = table
+        self.limit = max(1, min(int(0.1 * table.max_size), 1000))
+        self._cv = threading.Condition()
+        self._pending: collections.deque = collections.deque()  # (item, stream state); [0] is being inserted
+        self._working = False
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def put(self, item, stream: _InsertStreamState) -> None:
+        with self._cv:
+            if not self._pending:
+                try:
+                    self._table.insert_or_assign(item, timeout_ms=0)
+                except errors.DeadlineExceededError:
+                    pass  # rate-limited: queue it
+                else:
+                    stream.confirm(item.key)
+                    return
+            while len(self._pending) >= self.limit:  # back-pressure: the stream is not read meanwhile
+                self._cv.wait(_WAIT_SLICE_MS / 1000.0)
+                if not stream.active():
+                    raise _StatusError(grpc.StatusCode.CANCELLED, "the client closed the stream")
+            self._pending.append((item, stream))
+            stream.queued()
+            if not self._working:
+                self._working = True
+                threading.Thread(target=self._work, name=f"replay_tf-inserts-{self._table.name}",
+                                 daemon=True).start()
+
+    def _work(self) -> None:
+        while True:
+            with self._cv:
+                if not self._pending:
+                    self._working = False
+                    return
+                item, stream = self._pending[0]
+            error = None
+            try:
+                if not stream.active():
+                    raise _StatusError(grpc.StatusCode.CANCELLED, "the client closed the stream")
+                ReverbServicer._insert(self._table, item, stream)
+            except Exception as e:  # noqa: BLE001  (reported to the item's stream)
+                error = e
+            with self._cv:
+                self._pending.popleft()
+                self._cv.notify_all()
+            stream.finished(item.key, error)
 
 
 class ReverbServicer:
@@ -126,6 +234,11 @@ class ReverbServicer:
         self._trajectories_lock = threading.Lock()
 
     # --- helpers ---
+
+    def pending_inserts(self, table: str) -> tuple:
+        """`(items waiting in the table's pending-insert queue, the queue's limit)`."""
+        queue = self._entry(table).inserts
+        return len(queue), queue.limit
 
     def _entry(self, name: str) -> _TableEntry:
         entry = self._tables.get(name)
@@ -223,34 +336,31 @@ class ReverbServicer:
         # Requests are read and applied by a thread of the stream while this generator sends confirmations,
         # coalescing the keys confirmed meanwhile into one response (as Reverb does): a writer that sends
         # one item per request does not also pay for one response per request.
-        cv = threading.Condition()
-        state = {"keys": [], "error": None, "done": False}
-
-        def confirm(key: int) -> None:
-            with cv:
-                state["keys"].append(key)
-                cv.notify()
+        state = _InsertStreamState(context)
+        cv = state.cv
 
         def read() -> None:
             try:
-                self._apply_insert_requests(request_iterator, context, confirm)
+                self._apply_insert_requests(request_iterator, context, state)
+                state.wait_for_queued()
             except BaseException as e:  # noqa: BLE001  (handed to the sending side, which reports it)
                 with cv:
-                    state["error"] = e
+                    if state.error is None:
+                        state.error = e
             finally:
                 with cv:
-                    state["done"] = True
-                    cv.notify()
+                    state.done = True
+                    cv.notify_all()
 
         threading.Thread(target=read, name="replay_tf-insert-stream", daemon=True).start()
         while True:
             with cv:
-                while not (state["keys"] or state["done"]):
+                while not (state.keys or state.done or state.error is not None):
                     cv.wait(_WAIT_SLICE_MS / 1000.0)
                     if not context.is_active():
                         return  # the reader sees the cancelled stream and ends too
-                keys, state["keys"] = state["keys"], []
-                error, done = state["error"], state["done"]
+                keys, state.keys = state.keys, []
+                error, done = state.error, state.done
             if keys:
                 yield reverb_service_pb2.InsertStreamResponse(keys=keys).SerializeToString()
             if error is not None:
@@ -258,7 +368,7 @@ class ReverbServicer:
             if done:
                 return
 
-    def _apply_insert_requests(self, request_iterator, context, confirm) -> None:
+    def _apply_insert_requests(self, request_iterator, context, state: _InsertStreamState) -> None:
         held: dict = {}  # chunk key -> (Chunk, headers): this stream's chunks not yet owned by an item
         try:
             for raw in request_iterator:
@@ -282,8 +392,7 @@ class ReverbServicer:
                 for item_proto in request.items:
                     entry = self._entry(item_proto.table)
                     item = self._item(entry, item_proto, held)
-                    self._insert(entry.table, item, context)
-                    confirm(item.key)
+                    entry.inserts.put(item, state)
                 keep = set(request.keep_chunk_keys)
                 for key in [k for k in held if k not in keep]:
                     del held[key]
@@ -375,14 +484,14 @@ class ReverbServicer:
                                  f"shape={list(got_shape)}")
 
     @staticmethod
-    def _insert(table: table_lib.Table, item, context) -> None:
+    def _insert(table: table_lib.Table, item, stream: _InsertStreamState) -> None:
         """Inserts `item`, waiting on the rate limiter in slices so that a vanished client is noticed."""
         while True:
             try:
                 table.insert_or_assign(item, timeout_ms=_WAIT_SLICE_MS)
                 return
             except errors.DeadlineExceededError:
-                if not context.is_active():
+                if not stream.active():
                     raise _StatusError(grpc.StatusCode.CANCELLED, "the client closed the stream") from None
 
     # --- SampleStream ---

@@ -302,3 +302,34 @@ def test_a_cancelled_sampler_stops_waiting_and_takes_no_item(monkeypatch):
     finally:
         channel.close()
         server.stop()
+
+
+def test_pending_insert_queue_limit_and_order():
+    # Table.queue(.., 20): the rate limiter admits 20 items; Reverb's queue limit is max(1, min(0.1 * 20,
+    # 1000)) = 2 more items; the stream's other items stay unread until the queue has room.
+    server = reverb.Server([reverb.Table.queue("bp", 20)])
+    channel = grpc.insecure_channel(f"localhost:{server.port}")
+    try:
+        requests = [_request([_chunk(1000 + i, rows=1)], [(2000 + i, "bp", [(1000 + i, 0, 1)], False)])
+                    for i in range(30)]
+        call = channel.stream_stream(_PREFIX + "InsertStream", request_serializer=lambda b: b,
+                                     response_deserializer=lambda b: b)(iter(requests), timeout=60)
+        confirmed = []
+        while len(confirmed) < 20:
+            confirmed += reverb_service_pb2.InsertStreamResponse.FromString(next(call)).keys
+        assert confirmed == [2000 + i for i in range(20)]
+        servicer = server._service.servicer
+        for _ in range(200):
+            if servicer.pending_inserts("bp")[0] == 2:
+                break
+            time.sleep(0.05)
+        assert servicer.pending_inserts("bp") == (2, 2)
+        assert server.tables["bp"].size() == 20
+        # Sampling makes room: the queued items go in first, then the rest of the stream, in order.
+        client = reverb.Client(f"localhost:{server.port}")
+        assert [ts[0].info.key for ts in client.sample("bp", 30)] == [2000 + i for i in range(30)]
+        confirmed += [k for raw in call for k in reverb_service_pb2.InsertStreamResponse.FromString(raw).keys]
+        assert confirmed == [2000 + i for i in range(30)]
+    finally:
+        channel.close()
+        server.stop()

@@ -296,13 +296,16 @@ def episodes_to_blocks(episodes: tf.data.Dataset, steps_key: str,
 
     Episodes hold their steps either as a nested `tf.data.Dataset` or, on the vectorized path, as stacked
     tensors with a leading time dimension; stacked episodes are one block each. Nested steps of a fully
-    known shape are flattened into one stream (`flat_map`) and cut into blocks of `block_size` steps
-    (default: about `_BLOCK_BYTES`, at most `_MAX_BLOCK_STEPS`) that run across episodes: the compiled
-    graph finds episode ends from `is_last`, exactly as Reverb's PatternDataset reads the flattened
-    steps. This beats one block per episode (measured, benchmarks/bench_patterns.py: ~25% less CPU per
-    item for 100-step episodes), since each block costs a fixed ~0.1 ms in the compiled functions, and it
-    also streams episodes with endless steps. Other nested steps (a shape that may change from one
-    episode to the next) are batched per episode, one block each.
+    known shape are read `_EPISODES_PER_GROUP` episodes at a time: each group's steps are flattened
+    (`flat_map`) and cut into blocks of `block_size` steps (default: about `_BLOCK_BYTES`, at most
+    `_MAX_BLOCK_STEPS`), which run across the episodes of the group: the compiled graph finds episode
+    ends from `is_last`, exactly as Reverb's PatternDataset reads the flattened steps. Large blocks
+    matter because each block costs a fixed ~0.1 ms in the compiled functions (one block per 100-step
+    episode cost ~25% more CPU per item, benchmarks/bench_patterns.py). The groups go through a
+    deterministic `interleave` with `cycle_length=1`: blocks come out in stream order, however many a
+    group has (so endless episodes stream too), while the next groups are already read in parallel
+    (reading a nested steps dataset costs more than everything after it). Other nested steps (a shape
+    that may change from one episode to the next) are batched per episode, one block each.
     """
     steps_spec = episodes.element_spec[steps_key]
     if not isinstance(steps_spec, tf.data.DatasetSpec):
@@ -313,7 +316,10 @@ def episodes_to_blocks(episodes: tf.data.Dataset, steps_key: str,
     if leaves and all(isinstance(s, tf.TensorSpec) and s.shape.is_fully_defined() for s in leaves):
         row_bytes = max(1, sum(max(s.dtype.size, 1) * s.shape.num_elements() for s in leaves))
         rows = block_size or min(max(_BLOCK_BYTES // row_bytes, 1), _MAX_BLOCK_STEPS)
-        return episodes.flat_map(lambda e: e[steps_key]).batch(rows), step_spec
+        groups = episodes.map(lambda e: e[steps_key]).window(_EPISODES_PER_GROUP)
+        return groups.interleave(lambda group: group.flat_map(lambda steps: steps).batch(rows), cycle_length=1,
+                                 block_length=1, num_parallel_calls=tf.data.AUTOTUNE,
+                                 deterministic=True), step_spec
     # Shapes may differ between episodes, so blocks never mix two: one block per episode (a batch larger
     # than any episode), several episodes at once; with exactly one element per input, a deterministic
     # interleave keeps the episodes in order.
@@ -326,5 +332,6 @@ def episodes_to_blocks(episodes: tf.data.Dataset, steps_key: str,
 # 4k), and at most this many steps.
 _BLOCK_BYTES = 512 * 1024
 _MAX_BLOCK_STEPS = 2048
+_EPISODES_PER_GROUP = 16
 _WHOLE_EPISODE = 2 ** 62
 _PARALLEL_EPISODES = 4

@@ -137,13 +137,15 @@ def _unflatten(out: dict, name: str, structure):
 
 
 @pytest.mark.peer
-@pytest.mark.parametrize("layout", ["nested_steps", "nested_steps_blocks_of_3", "stacked_steps"])
+@pytest.mark.parametrize("layout", ["nested_steps", "nested_steps_small_blocks", "stacked_steps"])
 @pytest.mark.parametrize("name,respect,snippet", CASES, ids=[c[0] for c in CASES])
 def test_pattern_map_matches_reverb(expected, name, respect, snippet, layout, monkeypatch):
-    if layout == "nested_steps_blocks_of_3":
-        # Nested steps run as one stream cut into blocks (normally ~2k steps, so one block here): blocks
-        # of 3 steps make every episode boundary fall at another position within a block, or between two.
+    if layout == "nested_steps_small_blocks":
+        # Nested steps are read in groups of episodes (normally 16), each flattened and cut into blocks
+        # (normally ~2k steps), so all five episodes are one block here. Groups of 2 episodes and blocks
+        # of 3 steps put episode boundaries at every position within a block, between blocks and groups.
         monkeypatch.setattr(compile_lib, "_MAX_BLOCK_STEPS", 3)
+        monkeypatch.setattr(compile_lib, "_EPISODES_PER_GROUP", 2)
     stacked = layout == "stacked_steps"
     configs = _configs(snippet)
     ours = transformations.pattern_map(_episodes(stacked), configs, respect)

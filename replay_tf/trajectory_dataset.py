@@ -23,6 +23,8 @@ nothing from the table, so no item is lost or counted as sampled.
 """
 from __future__ import annotations
 
+import operator
+import sys
 from typing import Any, NamedTuple, Optional
 
 import numpy as np
@@ -80,13 +82,18 @@ def _numpy_dtype(dtype: tf.DType) -> np.dtype:
     return np.dtype(object) if dtype == tf.string else np.dtype(dtype.as_numpy_dtype)
 
 
+_get_key = operator.attrgetter("key")
+
+
 def _info_arrays(batch: list) -> SampleInfo:
+    """The `SampleInfo` columns of `SampledItem`s (item, priority, times_sampled, probability, table_size)."""
+    n = len(batch)
     return SampleInfo(
-        key=np.array([s.item.key for s in batch], dtype=np.uint64),
-        probability=np.array([s.probability for s in batch], dtype=np.float64),
-        table_size=np.array([s.table_size for s in batch], dtype=np.int64),
-        priority=np.array([s.priority for s in batch], dtype=np.float64),
-        times_sampled=np.array([s.times_sampled for s in batch], dtype=np.int32))
+        key=np.fromiter(map(_get_key, map(operator.itemgetter(0), batch)), np.uint64, n),
+        probability=np.fromiter(map(operator.itemgetter(3), batch), np.float64, n),
+        table_size=np.fromiter(map(operator.itemgetter(4), batch), np.int64, n),
+        priority=np.fromiter(map(operator.itemgetter(1), batch), np.float64, n),
+        times_sampled=np.fromiter(map(operator.itemgetter(2), batch), np.int32, n))
 
 
 class TrajectoryDataset(tf.data.Dataset):
@@ -208,7 +215,8 @@ class TrajectoryDataset(tf.data.Dataset):
 
     def batch(self, batch_size, drop_remainder=False, num_parallel_calls=None, deterministic=None, name=None):
         """`tf.data.Dataset.batch`, computed without unbatching: batches of samples are stacked once, in
-        numpy, into 64-byte aligned arrays that TensorFlow adopts without copying. Same elements as
+        numpy, into 64-byte aligned arrays that TensorFlow adopts without copying (large ones are reused
+        once no tensor refers to them, see `_BufferPool`). Same elements as
         `Dataset.batch` on this dataset; other arguments fall back to it."""
         simple = (num_parallel_calls is None and deterministic is None and name is None
                   and isinstance(batch_size, (int, np.integer)) and batch_size >= 1
@@ -235,13 +243,14 @@ class TrajectoryDataset(tf.data.Dataset):
                                  f"dtype={column.dtype.name} shape={list(column.shape)}, but the dataset expects "
                                  f"dtype={dtype.name} shape={shape}")
 
-    def _stack(self, samples: list) -> ReplaySample:
+    def _stack(self, samples: list, pool: Optional["_BufferPool"] = None) -> ReplaySample:
         """One `ReplaySample` of arrays stacked along a new leading axis (fully defined shapes only)."""
         items = [s.item for s in samples]
         per_item = None
         data = []
+        empty = _aligned_empty if pool is None else pool.empty
         for i, (dtype, shape) in enumerate(zip(self._column_dtypes, self._column_shapes)):
-            out = _aligned_empty((len(samples), *shape.as_list()), _numpy_dtype(dtype))
+            out = empty((len(samples), *shape.as_list()), _numpy_dtype(dtype))
             if not _gather_column(items, i, out):
                 if per_item is None:
                     per_item = [item.column_arrays() for item in items]
@@ -272,6 +281,7 @@ class TrajectoryDataset(tf.data.Dataset):
                                               max_samples_per_stream=self._max_samples_per_stream)
         remaining = self._max_samples
         fully_defined = all(s.is_fully_defined() for s in self._column_shapes)
+        pool = _BufferPool()
         pending: list = []
         try:
             while remaining is None or remaining > 0:
@@ -288,10 +298,10 @@ class TrajectoryDataset(tf.data.Dataset):
                 if batch_size is not None:
                     pending.extend(batch)
                     while len(pending) >= batch_size:
-                        yield self._stack(pending[:batch_size])
+                        yield self._stack(pending[:batch_size], pool)
                         del pending[:batch_size]
                 elif fully_defined:
-                    yield self._stack(batch)
+                    yield self._stack(batch, pool)
                 else:  # variable shapes cannot be stacked: one sample per element
                     for sampled in batch:
                         cols = sampled.item.column_arrays()
@@ -327,52 +337,75 @@ def _aligned_empty(shape: tuple, dtype: np.dtype, alignment: int = 64) -> np.nda
     return buffer[offset:offset + nbytes].view(dtype).reshape(shape)
 
 
-# Above this many bytes per sample and column, per-sample slice copies beat a fancy-index gather.
-_GATHER_MAX_BYTES = 16 << 10
+class _BufferPool:
+    """Reuses the aligned output arrays of large batches once nothing refers to them any more.
+
+    A fresh array of many megabytes costs a page fault per 4 KiB page on first write (the kernel zeroes
+    every page), which is about as slow as filling it. TensorFlow adopts an aligned array's buffer and
+    keeps a reference to the array while any tensor uses it, so an array whose only reference is the
+    pool's own is free to be filled again. Small arrays come from numpy's allocator as before.
+    """
+
+    MIN_BYTES = 1 << 20  # below this, malloc's own free lists already reuse memory
+    MAX_ARRAYS = 8       # per (shape, dtype); beyond that, arrays are allocated and not pooled
+
+    def __init__(self):
+        self._arrays: dict = {}
+
+    def empty(self, shape: tuple, dtype: np.dtype) -> np.ndarray:
+        if dtype == np.dtype(object) or int(np.prod(shape, dtype=np.int64)) * dtype.itemsize < self.MIN_BYTES:
+            return _aligned_empty(shape, dtype)
+        arrays = self._arrays.setdefault((shape, dtype), [])
+        for array in arrays:
+            # Free when only the pool refers to the array (the list, `array`, getrefcount's argument) and
+            # only the array to the memory it views (any view of `array` refers to `array.base` instead).
+            if sys.getrefcount(array) == 3 and sys.getrefcount(array.base) == 2:
+                return array
+        array = _aligned_empty(shape, dtype)
+        if len(arrays) < self.MAX_ARRAYS:
+            arrays.append(array)
+        return array
+
+
+_get_squeeze = operator.itemgetter(0)
+_get_start = operator.itemgetter(3)
+_get_stop = operator.itemgetter(4)
 
 
 def _gather_column(items: list, i: int, out: np.ndarray) -> bool:
-    """Fills `out[k]` with column `i` of `items[k]` by one fancy-index gather per chunk tensor.
+    """Fills `out[k]` with column `i` of `items[k]`: one view per chunk slice, copied by one concatenate.
 
-    Only for columns that are one slice per item whose dtype and shape match `out` exactly; returns False
-    (leaving `out` partly written) otherwise, and the caller stacks item by item, with precise errors.
+    Returns False (leaving `out` partly written) when some item's column does not have exactly `out`'s
+    dtype and shape; the caller then stacks item by item, with precise errors.
     """
-    groups: dict = {}
-    length = out.shape[1] if out.ndim > 1 else None
-    spanning = []  # items whose column spans several chunks: concatenated one by one
-    for position, item in enumerate(items):
-        col = item._columns[i]  # (squeeze, chunk, index, start, stop) for a one-slice column
-        if len(col) != 5:
-            spanning.append(position)
-            continue
-        group = groups.get((id(col[1]), col[2], col[0]))
-        if group is None:
-            group = groups[(id(col[1]), col[2], col[0])] = (col[1], col[2], col[0], [], [], [])
-        group[3].append(position)
-        group[4].append(col[3])
-        group[5].append(col[4] - col[3])
-    for chunk, index, squeeze, positions, starts, lengths in groups.values():
-        tensor = chunk.tensors[index]
-        if tensor.dtype != out.dtype:
+    n = len(items)
+    columns = [item._columns[i] for item in items]  # (squeeze, chunk, index, start, stop[, chunk, ...])
+    squeeze = columns[0][0]
+    if any(map(squeeze.__ne__, map(_get_squeeze, columns))):
+        return False
+    if squeeze:  # one row of one chunk each (Item guarantees it): out's rows are the rows of the chunks
+        rows, target = 1, out
+    else:
+        if out.ndim < 2:
             return False
-        starts = np.asarray(starts)
-        if squeeze:
-            if tensor.shape[1:] != out.shape[1:]:
+        rows, target = out.shape[1], out.reshape(n * out.shape[1], *out.shape[2:])
+    if all(map((5).__eq__, map(len, columns))):  # every column is one slice
+        if not squeeze:
+            lengths = np.fromiter(map(_get_stop, columns), np.int64, n) - np.fromiter(map(_get_start, columns),
+                                                                                      np.int64, n)
+            if (lengths != rows).any():
                 return False
-            out[positions] = tensor[starts]
-        else:
-            if length is None or tensor.shape[1:] != out.shape[2:] or any(n != length for n in lengths):
+        views = [col[1].tensors[col[2]][col[3]:col[4]] for col in columns]
+    else:
+        views = []
+        for col in columns:
+            parts = [col[j].tensors[col[j + 1]][col[j + 2]:col[j + 3]] for j in range(1, len(col), 4)]
+            if sum(len(p) for p in parts) != rows:
                 return False
-            if out[0].nbytes > _GATHER_MAX_BYTES:
-                # Large samples: one slice copy each (a fancy-index gather would copy twice).
-                for position, start in zip(positions, starts.tolist()):
-                    out[position] = tensor[start:start + length]
-            else:
-                # rows start, start + 1, ..., start + length - 1 of every sampled item, in one gather
-                out[positions] = tensor[starts[:, np.newaxis] + np.arange(length)]
-    for position in spanning:
-        value = items[position].column_arrays()[i]
-        if value.dtype != out.dtype or value.shape != out.shape[1:]:
-            return False
-        out[position] = value
+            views += parts
+    try:
+        # casting="no": a column of another dtype is an error, not a conversion
+        np.concatenate(views, axis=0, out=target, casting="no")
+    except (ValueError, TypeError):
+        return False
     return True

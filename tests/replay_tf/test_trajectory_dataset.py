@@ -177,6 +177,28 @@ def test_batch_gathers_items_spanning_chunks_and_squeezed_columns():
     server.stop()
 
 
+def test_large_batches_held_by_the_caller_keep_their_values():
+    # Batches of >= 1 MiB per column come from reused buffers (trajectory_dataset._BufferPool): a batch the
+    # caller still holds must never be refilled with later samples, also when only a view of it is held.
+    server = reverb.Server([reverb.Table("t", reverb.selectors.Uniform(), reverb.selectors.Fifo(), 100,
+                                         reverb.rate_limiters.MinSize(1))])
+    client = reverb.Client(f"localhost:{server.port}")
+    for i in range(20):  # item i (a length-1 trajectory) is all i's, so every sample's data follows from its key
+        client.insert(np.full([64, 64, 4], i, np.uint8), {"t": 1.0})
+    value_of = {item.key: i for i, item in enumerate(server.table("t").items_snapshot())}  # insertion order
+    dataset = reverb.TrajectoryDataset(f"localhost:{server.port}", "t", dtypes=tf.uint8,
+                                       shapes=tf.TensorShape([1, 64, 64, 4]), max_in_flight_samples_per_worker=128)
+    held, views = [], []
+    for batch in dataset.batch(128).take(12):  # 2 MiB per batch
+        held.append(batch)
+        views.append(batch.data.numpy()[::2])  # a view into the numpy copy of one batch: stays valid too
+    for batch, view in zip(held, views):
+        expected = np.array([value_of[key] for key in batch.info.key.numpy().tolist()], np.uint8)
+        assert (batch.data.numpy() == expected[:, None, None, None, None]).all()
+        assert (view == expected[::2, None, None, None, None]).all()
+    server.stop()
+
+
 def _wait_until(condition, timeout_s=10.0):
     import time
     deadline = time.monotonic() + timeout_s

@@ -77,8 +77,12 @@ def root(levels, reduce: str = "sum"):
 
 
 def leaves(levels):
-    """All leaves (padded to `fanout**depth`; padding holds the identity), one read of the leaf level."""
-    return levels[0].sparse_read(tf.range(int(levels[0].shape[0]), dtype=tf.int64))
+    """All leaves (padded to `fanout**depth`; padding holds the identity), one read of the leaf level.
+
+    A dense read shares the variable's buffer: drop the result soon (a scatter while it is alive
+    copies the leaf level first).
+    """
+    return levels[0].read_value()
 
 
 def read_leaves(levels, leaf_ids):

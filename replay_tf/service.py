@@ -36,6 +36,7 @@ import hmac
 import logging
 import threading
 import time
+import traceback
 import weakref
 from typing import Iterator, Optional
 
@@ -112,6 +113,23 @@ class _TableEntry:
         return proto
 
 
+def _without_locals(error: BaseException) -> BaseException:
+    """`error`, with the local variables of the finished frames of its tracebacks (and of its chained errors'
+    tracebacks) cleared; file and line information stays. An error kept in a stream's shared state would
+    otherwise keep that stream's items and chunks alive in reference cycles (frame -> state -> error ->
+    frame) that only a full garbage collection frees, e.g. after a writer was killed."""
+    seen = set()
+    pending = [error]
+    while pending:
+        e = pending.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        traceback.clear_frames(e.__traceback__)
+        pending += [e.__context__, e.__cause__]
+    return error
+
+
 class _InsertStreamState:
     """What an InsertStream's reader, its table queues and its sender share: keys to confirm, the first
     error, and how many of its items wait in table queues."""
@@ -143,7 +161,7 @@ class _InsertStreamState:
             if error is None:
                 self.keys.append(key)
             elif self.error is None:
-                self.error = error
+                self.error = _without_locals(error)
             self.cv.notify_all()
 
     def wait_for_queued(self) -> None:
@@ -214,6 +232,7 @@ class _InsertQueue:
                 self._pending.popleft()
                 self._cv.notify_all()
             stream.finished(item.key, error)
+            item = stream = error = None  # this frame may live on in `error`'s traceback
 
 
 class ReverbServicer:
@@ -346,7 +365,7 @@ class ReverbServicer:
             except BaseException as e:  # noqa: BLE001  (handed to the sending side, which reports it)
                 with cv:
                     if state.error is None:
-                        state.error = e
+                        state.error = _without_locals(e)
             finally:
                 with cv:
                     state.done = True

@@ -286,3 +286,23 @@ def test_runtime_code_never_unpickles_or_evaluates():
     assert sorted(_unsafe_calls(ast.parse("import pickle\nfrom marshal import loads\neval('1')\nyaml.load(s)\n"
                                           "np.load(f, allow_pickle=True)\nnp.load(f, allow_pickle=False)\n"))) == [
         "allow_pickle=<not False>", "eval(", "import marshal", "import pickle", "yaml.load("]
+
+
+_REVERB_CLIENT_WITHOUT_TOKEN = r'''
+import reverb
+client = reverb.Client(INPUTS["address"])
+for name, call in (("server_info", lambda: client.server_info(timeout=30)),
+                   ("insert", lambda: client.insert([np.zeros((1, 2), np.float32)], priorities={"t": 1.0}))):
+    try:
+        call()
+        emit(name, "served")
+    except Exception as e:  # dm-reverb raises RuntimeError with the server's status message
+        emit(name, f"{type(e).__name__}: {e}")
+'''
+
+
+@pytest.mark.peer
+def test_a_dm_reverb_client_is_refused_by_a_token_server(peer, token_server):
+    out = peer.run(_REVERB_CLIENT_WITHOUT_TOKEN, {"address": f"localhost:{token_server.port}"}, timeout_s=300)
+    for name in ("server_info", "insert"):
+        assert out[name].startswith("RuntimeError: this replay server requires an auth token"), out[name]

@@ -36,8 +36,7 @@ class SampleStream:
         self._requests: Optional[queue.Queue] = None
         self._results: Optional[queue.Queue] = None
         self._call = None
-        self._outstanding = 0        # samples asked for and not yet received
-        self._stream_samples = 0     # samples received on the current call
+        self._state: Optional[_CallState] = None
 
     def _request(self, count: int) -> bytes:
         request = reverb_service_pb2.SampleStreamRequest(table=self._table, num_samples=count)
@@ -48,6 +47,7 @@ class SampleStream:
         self._requests = queue.Queue()
         self._results = queue.Queue()
         requests, results = self._requests, self._results
+        state = self._state = _CallState()
 
         def iterate():
             while True:
@@ -58,21 +58,47 @@ class SampleStream:
 
         call = self._method(iterate(), wait_for_ready=True)
         self._call = call
-        self._stream_samples = 0
-        self._outstanding = 0
-        # Responses are read and decoded by a thread, so that `next_batch` can hand out every sample that
-        # has arrived (up to a request's worth) instead of one response's worth.
-        threading.Thread(target=self._read, args=(call, results), name="replay_tf-sample-stream",
-                         daemon=True).start()
+        # Responses are read and decoded by a thread, which also sends the next request as soon as the
+        # previous one's samples have all arrived while fewer than a request's worth wait to be taken (as
+        # Reverb's workers keep `max_in_flight_samples_per_worker` in flight): the server samples and sends
+        # while the caller stacks. `next_batch` hands out every sample that has arrived.
+        count = self._next_count(0)
+        requests.put(self._request(count))
+        threading.Thread(target=self._read, args=(call, requests, results, state, count),
+                         name="replay_tf-sample-stream", daemon=True).start()
 
-    def _read(self, call, results: queue.Queue) -> None:
+    def _next_count(self, stream_samples: int) -> int:
+        """Samples to ask for next on a call that has received `stream_samples` (0: re-open the call)."""
+        if self._max_samples_per_stream is None:
+            return self._num_samples
+        return max(0, min(self._num_samples, self._max_samples_per_stream - stream_samples))
+
+    def _read(self, call, requests: queue.Queue, results: queue.Queue, state: "_CallState", asked: int) -> None:
         partial: list = [None]  # (info, {chunk key: Chunk}) of a sample split over responses
         cache: "collections.OrderedDict" = collections.OrderedDict()  # this call's decoded chunks
+        received = stream_samples = 0
         try:
             for raw in call:
                 batch = self._samples(reverb_service_pb2.SampleStreamResponse.FromString(raw), partial, cache)
                 if batch:
+                    with state.cv:
+                        state.buffered += len(batch)
                     results.put(batch)
+                    received += len(batch)
+                    stream_samples += len(batch)
+                if received < asked:
+                    continue
+                received = 0
+                asked = self._next_count(stream_samples)
+                if asked == 0:  # max_samples_per_stream reached: re-open to rebalance, as Reverb's sampler does
+                    results.put(_REOPEN)
+                    return
+                with state.cv:
+                    while state.buffered >= self._num_samples and not state.closed:
+                        state.cv.wait()
+                    if state.closed:
+                        return
+                requests.put(self._request(asked))
             results.put(errors.ReverbError(f"SampleStream of table '{self._table}' ended before the samples "
                                            f"asked for arrived"))
         except grpc.RpcError as e:
@@ -81,44 +107,36 @@ class SampleStream:
             results.put(errors.ReverbError(f"SampleStream of table '{self._table}' sent an unreadable "
                                            f"response: {type(e).__name__}: {e}"))
 
-    def _ask(self) -> None:
-        count = self._num_samples
-        if self._max_samples_per_stream is not None:
-            count = min(count, self._max_samples_per_stream - self._stream_samples)
-        self._outstanding = count
-        self._requests.put(self._request(count))
-
     def next_batch(self, poll_ms: Optional[float] = None) -> list:
         while True:
             if self._call is None:
                 self._open()
-            if self._outstanding == 0:
-                if (self._max_samples_per_stream is not None
-                        and self._stream_samples >= self._max_samples_per_stream):
-                    self.close()  # re-open to rebalance across servers, as Reverb's sampler does
-                    continue
-                self._ask()
             try:
                 # With poll_ms the request stays outstanding: the next call goes on waiting for it.
                 first = self._results.get(timeout=None if poll_ms is None else poll_ms / 1000.0)
             except queue.Empty:
                 return []
+            if first is _REOPEN:
+                self.close()
+                continue
             if isinstance(first, Exception):
                 self.close()
                 raise first
             batch = first
-            # Everything else that has arrived, up to the rest of the request.
-            while len(batch) < self._outstanding:
+            # Everything else that has arrived, up to a request's worth.
+            while len(batch) < self._num_samples:
                 try:
                     more = self._results.get_nowait()
                 except queue.Empty:
                     break
-                if isinstance(more, Exception):
-                    self._results.put(more)  # raised by the next call, after these samples
+                if more is _REOPEN or isinstance(more, Exception):
+                    self._results.put(more)  # handled by the next call, after these samples (nothing follows it)
                     break
                 batch = batch + more
-            self._outstanding -= len(batch)
-            self._stream_samples += len(batch)
+            state = self._state
+            with state.cv:
+                state.buffered -= len(batch)
+                state.cv.notify()
             return batch
 
     @staticmethod
@@ -163,12 +181,27 @@ class SampleStream:
 
     def close(self) -> None:
         if self._call is not None:
+            with self._state.cv:
+                self._state.closed = True
+                self._state.cv.notify()
             self._requests.put(common.CLOSE)
             try:
                 self._call.cancel()
             except Exception:  # noqa: BLE001  (grpc may already be torn down at interpreter exit)
                 pass
             self._call = None
+
+
+class _CallState:
+    """What the reader thread of one call shares with `next_batch`: samples received and not yet taken."""
+
+    def __init__(self):
+        self.cv = threading.Condition()
+        self.buffered = 0
+        self.closed = False
+
+
+_REOPEN = object()  # the reader's marker: max_samples_per_stream reached, open a new call
 
 
 def _sampled_item(key: int, priority: float, times_sampled: int, trajectory_proto,

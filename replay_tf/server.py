@@ -177,14 +177,23 @@ class Server:
         return Client(self.address)
 
     def stop(self) -> None:
-        """Closes every table (blocked calls fail with `CancelledError`) and the network listener."""
+        """Closes every table (blocked calls fail with `CancelledError`) and the network listener.
+
+        As in Reverb, the tables are closed first: an insert or sample waiting on a rate limiter, in this
+        process or over gRPC, fails at once with `CancelledError` naming the closed table. The listener then
+        gives calls still running up to 0.5 s to end (so that those errors reach remote clients
+        instead of a bare "Cancelling all calls"), and cancels the rest (e.g. idle streams).
+        """
         if self._stopped.is_set():
             return
         self._stopped.set()
         for table in self._tables.values():
             table.close()
         if self._service is not None:
-            self._service.stop()
+            try:
+                self._service.stop(0.5)
+            except TypeError:  # a listener whose stop() takes no grace period
+                self._service.stop()
         with _registry_lock:
             if _registry.get(self._port) is self:
                 del _registry[self._port]

@@ -132,8 +132,9 @@ class DirectoryCheckpointer:
 
         table_records, item_records, chunks = [], [], {}
         for table_name, table in sorted(server.tables.items()):
-            items = table.items_snapshot()
-            state = table.state_snapshot()
+            # Items, their priorities and times_sampled, and the counters as of one instant: a checkpoint
+            # taken while clients insert and sample restores counters that agree with its items.
+            entries, state = table.checkpoint_snapshot()
             info = table.info
             proto = checkpoint_pb2.PriorityTableCheckpoint(
                 table_name=table_name, max_size=info.max_size, max_times_sampled=info.max_times_sampled,
@@ -151,10 +152,11 @@ class DirectoryCheckpointer:
             if info.signature is not None:
                 proto.signature.CopyFrom(codec.encode_signature(info.signature))
             table_records.append(proto.SerializeToString())
-            for item in items:
+            for item, priority, times_sampled in entries:
                 for chunk in item.chunks.values():
                     chunks.setdefault(chunk.key, chunk)
-                item_records.append(codec.item_to_proto(item, table_name).SerializeToString())
+                item_records.append(codec.item_to_proto(item, table_name, priority=priority,
+                                                        times_sampled=times_sampled).SerializeToString())
         try:
             _write_records(os.path.join(partial, _CHUNKS_FILE),
                            (codec.serialized_chunk(c) for c in chunks.values()))

@@ -387,6 +387,18 @@ class Table:
                     "deletes": self._limiter.deletes, "num_deleted_episodes": self._num_deleted_episodes,
                     "num_unique_samples": self._num_unique_samples}
 
+    def checkpoint_snapshot(self) -> tuple:
+        """`(entries, state)` read under one lock acquisition, so that they agree even while other threads
+        insert, sample and delete: `entries` are `(item, priority, times_sampled)` in insertion order (the
+        values as of the snapshot; items are live objects) and `state` is `state_snapshot()`'s dict."""
+        with self._lock:
+            items = sorted(self._items.values(), key=lambda it: it.inserted_at)
+            entries = [(item, item.priority, item.times_sampled) for item in items]
+            state = {"inserts": self._limiter.inserts, "samples": self._limiter.samples,
+                     "deletes": self._limiter.deletes, "num_deleted_episodes": self._num_deleted_episodes,
+                     "num_unique_samples": self._num_unique_samples}
+        return entries, state
+
     def restore(self, items: Iterable[Item], state: Optional[dict] = None) -> None:
         """Inserts `items` (in order, keeping their `inserted_at`) bypassing the rate limiter, then sets
         the counters from `state` (as `state_snapshot` returns them) if given."""

@@ -1,0 +1,98 @@
+"""Starting and driving the `_replay_procs.py` processes of the load and fault tests."""
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "replay_tf", "_replay_procs.py")
+
+
+class Proc:
+    """A `_replay_procs.py ROLE CONFIG` process; its stdout lines are collected by a thread."""
+
+    def __init__(self, role: str, config: dict, log_dir: str, name: str):
+        env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
+        self.name = name
+        self.log_path = os.path.join(log_dir, f"{name}.stderr")
+        self._log = open(self.log_path, "wb")
+        self.popen = subprocess.Popen([sys.executable, SCRIPT, role, json.dumps(config)], env=env, cwd=ROOT,
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
+                                      text=True, bufsize=1)
+        self.pid = self.popen.pid
+        self._lines: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.popen.stdout:
+            self._lines.put(line.rstrip("\n"))
+        self._lines.put(None)
+
+    def stderr_tail(self, n: int = 3000) -> str:
+        self._log.flush()
+        with open(self.log_path, "rb") as f:
+            return f.read().decode(errors="replace")[-n:]
+
+    def expect(self, prefix: str, timeout_s: float) -> str:
+        """The rest of the first stdout line starting with `prefix` (AssertionError after `timeout_s` or on exit)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            remaining = deadline - time.monotonic()
+            assert remaining > 0, f"{self.name}: no {prefix!r} line within {timeout_s}s\n{self.stderr_tail()}"
+            try:
+                line = self._lines.get(timeout=min(remaining, 1.0))
+            except queue.Empty:
+                continue
+            assert line is not None, (f"{self.name} exited ({self.popen.poll()}) before printing {prefix!r}\n"
+                                      f"{self.stderr_tail()}")
+            if line.startswith(prefix):
+                return line[len(prefix):].strip()
+
+    def report(self, timeout_s: float) -> dict:
+        return json.loads(self.expect("REPORT", timeout_s))
+
+    def send(self, line: str) -> None:
+        self.popen.stdin.write(line + "\n")
+        self.popen.stdin.flush()
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def kill(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.kill()
+        self.popen.wait()
+
+    def wait(self, timeout_s: float) -> int:
+        return self.popen.wait(timeout_s)
+
+    def close(self) -> None:
+        self.kill()
+        for stream in (self.popen.stdin, self.popen.stdout):
+            try:
+                stream.close()
+            except Exception:  # noqa: BLE001
+                pass
+        self._log.close()
+
+
+def rss_kb(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def remote_client(address: str):
+    """A `replay_tf.Client` that talks gRPC even if a server of this process owns `address`."""
+    import replay_tf as reverb
+    from replay_tf import _grpc_transport
+    client = reverb.Client.__new__(reverb.Client)
+    client._server_address = address
+    client._transport = _grpc_transport.Transport(address)
+    client._signature_cache = {}
+    return client

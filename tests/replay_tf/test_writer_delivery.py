@@ -188,3 +188,71 @@ def test_remote_flush_times_out_clearly_when_the_server_never_returns(remote):
         writer.end_episode(timeout_ms=200)
     assert time.monotonic() - started < 30  # bounded by the timeouts, not a hang
     writer.close()  # drops the waiting item and stops reconnecting
+
+
+_SERVE = """
+import sys
+import replay_tf as reverb
+server = reverb.Server([reverb.Table.queue("t", 1000)], port=int(sys.argv[1]))
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+def _serve(port):
+    """Our server in a subprocess at `port` (returns once it listens)."""
+    import os
+    import select
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=root, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
+    process = subprocess.Popen([sys.executable, "-c", _SERVE, str(port)], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=root)
+    ready, _, _ = select.select([process.stdout], [], [], 180)
+    if not ready or process.stdout.readline().strip() != "ready":
+        process.kill()
+        raise RuntimeError("the server process did not start")
+    return process
+
+
+def test_remote_writer_survives_a_server_process_killed_and_restarted():
+    import signal
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    process = _serve(port)
+    restarted = None
+    try:
+        client = reverb.Client(f"localhost:{port}")
+        writer = client.trajectory_writer(num_keep_alive_refs=2)
+        for i in range(4):
+            writer.append({"a": np.int64(i), "b": np.full([3], i, np.float32)})
+            if i:
+                writer.create_item("t", 1.0, {"a": writer.history["a"][-2:], "b": writer.history["b"][-1]})
+        writer.flush(timeout_ms=60_000)  # items 1..3 confirmed by the first server
+        process.send_signal(signal.SIGKILL)
+        process.wait(60)
+        for i in range(4, 7):
+            writer.append({"a": np.int64(i), "b": np.full([3], i, np.float32)})
+            writer.create_item("t", 1.0, {"a": writer.history["a"][-2:], "b": writer.history["b"][-1]})
+        with pytest.raises(errors.DeadlineExceededError, match="reconnecting after UNAVAILABLE"):
+            writer.flush(timeout_ms=500)
+        restarted = _serve(port)
+        writer.end_episode(timeout_ms=120_000)
+        writer.close()
+        # The new server holds exactly the unconfirmed items (item 4 refers to step 3, sent to the dead server
+        # and sent again), intact and in order.
+        assert client.server_info()["t"].current_size == 3
+        got = [[np.asarray(column).tolist() for column in next(client.sample("t", emit_timesteps=False)).data]
+               for _ in range(3)]
+        assert got == [[[i - 1, i], [float(i)] * 3] for i in (4, 5, 6)]
+    finally:
+        for proc in (process, restarted):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait(60)
+            if proc is not None:
+                proc.stdin.close()
+                proc.stdout.close()

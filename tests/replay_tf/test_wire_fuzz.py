@@ -4,8 +4,8 @@ More than 10,000 request messages: random bytes; bit flips, truncations and spli
 valid protos with hostile values (unknown chunk keys, items on chunks not kept, dtypes and shapes that
 contradict the signature, huge and negative offsets, lengths and dims, NaN/inf/negative priorities, unknown
 tables, empty trajectories, absurd `num_samples`, garbage Snappy payloads, delta flags on floats and
-strings); streams that carry many requests, valid ones first and then bad ones; and requests over the
-server's message limit. Afterwards:
+strings); streams that carry many requests, valid ones first and then bad ones; requests over the server's
+message limit; and clients that cancel mid-stream (holding chunks, or waiting to sample). Afterwards:
   - every reply was OK or a precise status: never UNKNOWN or INTERNAL (an unhandled exception);
   - a normal remote client inserts and samples correctly;
   - the chunk store holds exactly the chunks that live items refer to (nothing leaked by failed streams);
@@ -16,6 +16,8 @@ import concurrent.futures
 import ctypes
 import gc
 import random
+import threading
+import time
 
 import grpc
 import numpy as np
@@ -287,6 +289,24 @@ class _Fuzzer:
         if code not in _ALLOWED or (code == grpc.StatusCode.INVALID_ARGUMENT and not details):
             self.bad.append((method, code, details, [r[:200] for r in requests]))
 
+    def _cancelled(self, method: str, request: bytes) -> None:
+        """A stream whose client sends `request`, then cancels while the server still reads or waits."""
+        release = threading.Event()
+
+        def requests():
+            yield request
+            release.wait(_CALL_TIMEOUT_S)
+
+        call = self._channel.stream_stream(_PREFIX + method, request_serializer=lambda b: b,
+                                           response_deserializer=lambda b: b)(requests(), timeout=_CALL_TIMEOUT_S)
+        time.sleep(0.01)
+        call.cancel()
+        release.set()
+        code = call.code()
+        self.statuses[(method, code)] += 1
+        if code not in _ALLOWED:
+            self.bad.append((method, code, call.details(), [request[:200]]))
+
     def round(self, index: int) -> int:
         """One round: a message (or stream) for every RPC; returns the number of request messages."""
         rng = random.Random(self._seed * 1_000_003 + index)
@@ -311,6 +331,12 @@ class _Fuzzer:
             big.data.tensors[0].tensor_content = bytes(size - 200)
             call("InsertStream", [reverb_service_pb2.InsertStreamRequest(chunks=[big]).SerializeToString()],
                  stream=True)
+        if index % 20 == 0:  # clients that go away mid-stream: chunks held, a sampler waiting
+            held = reverb_service_pb2.InsertStreamRequest(chunks=[_chunk_proto(rng, rng.randrange(1, 1 << 64))])
+            waiting = reverb_service_pb2.SampleStreamRequest(table="empty", num_samples=1)
+            for method, request in (("InsertStream", held), ("SampleStream", waiting)):
+                sent += 1
+                self._cancelled(method, request.SerializeToString())
         # SampleStream.
         call("SampleStream", _hostile_sample(rng), stream=True)
         call("SampleStream", [_corrupt(rng, valid_sample, valid_insert)], stream=True)
@@ -368,7 +394,7 @@ def test_fuzz_every_rpc_then_the_server_is_intact(server, monkeypatch):
     # The mix reached every kind of check, and every RPC saw both answers and refusals.
     for code in (grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
                  grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.RESOURCE_EXHAUSTED,
-                 grpc.StatusCode.DEADLINE_EXCEEDED):
+                 grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED):
         assert codes[code] > 0, (code, codes)
     for method in ("InsertStream", "SampleStream", "MutatePriorities", "Reset", "ServerInfo", "Checkpoint",
                    "InitializeConnection"):

@@ -24,7 +24,9 @@ nothing from the table, so no item is lost or counted as sampled.
 from __future__ import annotations
 
 import operator
+import queue
 import sys
+import threading
 from typing import Any, NamedTuple, Optional
 
 import numpy as np
@@ -105,7 +107,11 @@ class TrajectoryDataset(tf.data.Dataset):
       dtypes: Nest of `tf.DType`s of the item's columns (lists become tuples).
       shapes: Nest of `tf.TensorShape`s, same structure as `dtypes`.
       max_in_flight_samples_per_worker: Samples requested per request (2-3x the batch size is a good value).
-      num_workers_per_iterator: -1 or >= 1 (accepted; this implementation uses one worker per iterator).
+      num_workers_per_iterator: -1 (one worker, Reverb's default) or >= 1: the number of sample streams
+        each iterator keeps open, each drained by its own thread, each with up to
+        `max_in_flight_samples_per_worker` samples in flight. With more than one worker the order in which
+        samples arrive is not deterministic (Reverb's documented behaviour); use 1 for FIFO-like tables
+        when order matters. Every sample is still delivered once (a Queue table's items exactly once).
       max_samples_per_stream: -1 or >= 1; passed to remote transports, which re-open streams after it.
       rate_limiter_timeout_ms: -1 waits forever; otherwise a rate-limiter wait longer than this ends the
         iteration (0 ends it as soon as sampling would block).
@@ -140,6 +146,7 @@ class TrajectoryDataset(tf.data.Dataset):
         self._column_shapes = [tf.TensorShape(s) for s in tree.flatten(shapes)]
         self._column_paths = ["/".join(str(p) for p in path) or "<root>" for path, _ in tree.flatten_with_path(dtypes)]
         self._max_in_flight = max_in_flight_samples_per_worker
+        self._num_workers = 1 if num_workers_per_iterator == -1 else num_workers_per_iterator
         self._max_samples_per_stream = None if max_samples_per_stream == -1 else max_samples_per_stream
         self._timeout_ms = None if rate_limiter_timeout_ms == -1 else rate_limiter_timeout_ms
         self._max_samples = None if max_samples == -1 else max_samples
@@ -277,8 +284,11 @@ class TrajectoryDataset(tf.data.Dataset):
 
         transport = make_transport(self._server_address)
         request = self._max_in_flight if batch_size is None else max(self._max_in_flight, batch_size)
-        stream = transport.open_sample_stream(self._table, request, self._timeout_ms,
-                                              max_samples_per_stream=self._max_samples_per_stream)
+        def open_stream():
+            return transport.open_sample_stream(self._table, request, self._timeout_ms,
+                                                max_samples_per_stream=self._max_samples_per_stream)
+
+        stream = open_stream() if self._num_workers == 1 else _ParallelStreams(open_stream, self._num_workers)
         remaining = self._max_samples
         fully_defined = all(s.is_fully_defined() for s in self._column_shapes)
         pool = _BufferPool()
@@ -311,6 +321,79 @@ class TrajectoryDataset(tf.data.Dataset):
             if pending and not drop_remainder:
                 yield self._stack(pending)
         finally:
+            stream.close()
+
+
+class _WorkerTimedOut(NamedTuple):
+    error: Exception
+
+
+class _ParallelStreams:
+    """`num_workers` sample streams, each drained by its own thread into one queue (Reverb's sampler
+    workers); `next_batch` and `close` as a single stream's. The queue holds up to one flexible batch per
+    worker, so each worker has at most a batch waiting plus its stream's requests in flight."""
+
+    def __init__(self, open_stream, num_workers: int):
+        self._queue: queue.Queue = queue.Queue(maxsize=num_workers)
+        self._stop = threading.Event()
+        self._timed_out = 0  # workers that ended on a rate-limiter timeout
+        self._streams = []
+        self._threads = []
+        try:
+            for _ in range(num_workers):
+                self._streams.append(open_stream())
+        except BaseException:
+            self.close()
+            raise
+        for i, stream in enumerate(self._streams):
+            thread = threading.Thread(target=self._work, args=(stream,), name=f"replay_tf-sample-worker-{i}",
+                                      daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def _put(self, value) -> None:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(value, timeout=_POLL_MS / 1000.0)
+                return
+            except queue.Full:
+                continue
+
+    def _work(self, stream) -> None:
+        try:
+            while not self._stop.is_set():
+                batch = stream.next_batch(poll_ms=_POLL_MS)
+                if batch:
+                    self._put(batch)
+        except errors.DeadlineExceededError as e:  # this worker is done; see next_batch
+            self._put(_WorkerTimedOut(e))
+        except Exception as e:  # noqa: BLE001  (handed to the consumer, which raises it)
+            self._put(e)
+
+    def next_batch(self, poll_ms: Optional[float] = None) -> list:
+        """The next batch of any worker. A rate-limiter timeout is raised once every worker has timed out
+        and every sample taken before has been handed out; other errors are raised as they come."""
+        while True:
+            try:
+                value = self._queue.get(timeout=None if poll_ms is None else poll_ms / 1000.0)
+            except queue.Empty:
+                return []
+            if isinstance(value, _WorkerTimedOut):
+                self._timed_out += 1
+                if self._timed_out == len(self._threads):
+                    raise value.error
+                continue
+            if isinstance(value, Exception):
+                raise value
+            return value
+
+    def close(self) -> None:
+        """Stops the workers (each notices within one poll) and closes their streams; samples a worker
+        had taken and not handed over are dropped, as Reverb drops an iterator's in-flight samples."""
+        self._stop.set()
+        for thread in self._threads:
+            thread.join()
+        for stream in self._streams:
             stream.close()
 
 

@@ -256,6 +256,70 @@ def test_closing_a_blocked_batch_generator_releases_its_stream(queue_server):
     assert queue_server.table("q").info.rate_limiter_info.sample_stats.completed == 0
 
 
+@pytest.fixture(params=["in_process", "grpc"])
+def transport_kind(request, monkeypatch):
+    """Runs a test with the in-process transport and again over gRPC; counts the sample streams opened."""
+    from replay_tf import _grpc_transport
+    from replay_tf import client as client_lib
+    opened = []
+    make = _grpc_transport.Transport if request.param == "grpc" else client_lib.make_transport
+
+    def counting_make_transport(address):
+        transport = make(address)
+        original = transport.open_sample_stream
+
+        def open_sample_stream(*args, **kwargs):
+            opened.append(args)
+            return original(*args, **kwargs)
+        transport.open_sample_stream = open_sample_stream
+        return transport
+    monkeypatch.setattr(client_lib, "make_transport", counting_make_transport)
+    return opened
+
+
+@pytest.mark.parametrize("num_workers, max_samples_per_stream, batch_size", [
+    (2, -1, None), (3, 4, None), (2, -1, 5), (-1, -1, None)])
+def test_workers_deliver_every_queue_item_exactly_once(transport_kind, num_workers, max_samples_per_stream,
+                                                        batch_size):
+    server = reverb.Server([reverb.Table.queue("q", 100, signature=tf.TensorSpec([1], tf.int32))])
+    client = reverb.Client(f"localhost:{server.port}")
+    for i in range(40):
+        client.insert(np.int32(i), {"q": 1.0})
+    dataset = reverb.TrajectoryDataset.from_table_signature(
+        f"localhost:{server.port}", "q", max_in_flight_samples_per_worker=3, num_workers_per_iterator=num_workers,
+        max_samples_per_stream=max_samples_per_stream, rate_limiter_timeout_ms=300)
+    if batch_size is None:
+        values = [int(s.data[0]) for s in dataset]
+    else:
+        values = [v for b in dataset.batch(batch_size) for v in b.data.numpy().ravel().tolist()]
+    assert sorted(values) == list(range(40))  # each item once: none lost, none twice
+    assert len(transport_kind) == (1 if num_workers == -1 else num_workers)  # one stream per worker
+    assert {args[0] for args in transport_kind} == {"q"}
+    assert server.table("q").info.rate_limiter_info.sample_stats.completed == 40
+    server.stop()
+
+
+def test_workers_samples_match_their_info_and_max_samples_holds(transport_kind):
+    server = reverb.Server([reverb.Table("t", reverb.selectors.Uniform(), reverb.selectors.Fifo(), 100,
+                                         reverb.rate_limiters.MinSize(1))])
+    client = reverb.Client(f"localhost:{server.port}")
+    for i in range(10):
+        client.insert(np.full([2], i, np.int64), {"t": float(i + 1)})
+    value_of = {item.key: i for i, item in enumerate(server.table("t").items_snapshot())}
+    dataset = reverb.TrajectoryDataset(f"localhost:{server.port}", "t", dtypes=tf.int64,
+                                       shapes=tf.TensorShape([1, 2]), max_in_flight_samples_per_worker=4,
+                                       num_workers_per_iterator=3, max_samples=50)
+    samples = list(dataset)
+    assert len(samples) == 50
+    for s in samples:
+        i = value_of[int(s.info.key)]
+        assert s.data.numpy().tolist() == [[i, i]]
+        assert float(s.info.priority) == i + 1 and float(s.info.probability) == pytest.approx(0.1)
+        assert int(s.info.table_size) == 10
+    assert len(transport_kind) == 3
+    server.stop()
+
+
 def test_doctests():
     import doctest
     from replay_tf import trajectory_dataset

@@ -5,7 +5,10 @@ Workloads (one process each side, same data, best of 3 full passes):
   - transformations.batch(size=2, shift=1) over the 20,000 flat steps.
 
 Rates are steady-state: one warmed-up iterator per workload, so the (larger, for us) one-off cost of
-instantiating the pipeline's functions is not timed. Run: `python -m benchmarks.run patterns`.
+instantiating the pipeline's functions is not timed. Each workload also reports items per CPU-second of
+the process (all threads): on a loaded shared machine the wall-clock rates swing by 2x and more, while
+CPU efficiency barely moves; on an idle machine our pipelines also use a second core, which only the
+wall-clock rates show. Run: `python -m benchmarks.run patterns`.
 """
 from __future__ import annotations
 
@@ -42,15 +45,24 @@ pairs = rlds.transformations.batch(steps, size=2, shift=1)
 
 def steady_rate(ds, pull, per_pull):
     # One iterator at a time (tf.data's injected prefetch would otherwise fill idle pipelines in the
-    # background), warmed up by one pass so function instantiation is not timed, then best_rate.
+    # background), warmed up by one pass so function instantiation is not timed, then best_rate; and the
+    # items per CPU-second of this process (all threads), which load on a shared machine barely moves.
+    import time
     it = iter(ds.repeat())
     pull(it)
     def fn():
         pull(it)
         return per_pull
     rate = best_rate(fn)
+    cpu_rate = 0.0
+    for _ in range(3):
+        count, start = 0, time.process_time()
+        while count == 0 or time.process_time() - start < 0.5:
+            pull(it)
+            count += per_pull
+        cpu_rate = max(cpu_rate, count / (time.process_time() - start))
     del it
-    return rate
+    return rate, cpu_rate
 
 def batches(it, n=78):
     for _ in range(n):
@@ -60,13 +72,16 @@ def drain(ds, n=E * T):
     # `shard(n, 0)` pulls n elements in the graph and returns one: no Python per element.
     return steady_rate(ds.shard(n, 0), next, n)
 
-results = {{'transitions': steady_rate(transitions, batches, E * (T - 1)), 'pairs': drain(pairs)}}
+results = {{}}
+results['transitions'], results['transitions_cpu'] = steady_rate(transitions, batches, E * (T - 1))
+results['pairs'], results['pairs_cpu'] = drain(pairs)
 if STACKED:
     # The vectorized path: episodes whose steps are stacked tensors (rlds_tf's load_stacked layout).
     stacked = tf.data.Dataset.from_tensor_slices(data).map(lambda ep: {{'steps': ep}})
-    results['stacked'] = steady_rate(
+    results['stacked'], results['stacked_cpu'] = steady_rate(
         rlds.transformations.pattern_map_from_transform(stacked, transition).batch(256), batches, E * (T - 1))
-    results['pairs_checkpointable'] = drain(rlds.transformations.batch(steps, size=2, shift=1, checkpointable=True))
+    results['pairs_checkpointable'], _ = drain(
+        rlds.transformations.batch(steps, size=2, shift=1, checkpointable=True))
 """.format(episodes=NUM_EPISODES, length=EPISODE_LENGTH)
 
 _BEST_RATE = _harness.PEER_BEST_RATE
@@ -110,6 +125,16 @@ def main() -> None:
         {"workload": "same, checkpointable=True (accepted, same public-API path)",
          "ours": ours["pairs_checkpointable"], "peer": theirs and theirs["pairs"],
          "peer_name": "rlds 0.1.8 (sliding_window_dataset)", "unit": "batches/s"},
+        # CPU efficiency (items per CPU-second, all threads): robust under load, blind to parallelism.
+        {"workload": "pattern_map_from_transform(transition), per CPU-second",
+         "ours": ours["transitions_cpu"], "peer": theirs and theirs["transitions_cpu"],
+         "peer_name": "rlds 0.1.8 + reverb 0.14 PatternDataset", "unit": "transitions/CPU-s"},
+        {"workload": "same, stacked steps, per CPU-second", "ours": ours["stacked_cpu"],
+         "peer": theirs and theirs["transitions_cpu"], "peer_name": "rlds 0.1.8 (nested steps)",
+         "unit": "transitions/CPU-s"},
+        {"workload": "transformations.batch(size=2, shift=1), per CPU-second", "ours": ours["pairs_cpu"],
+         "peer": theirs and theirs["pairs_cpu"], "peer_name": "rlds 0.1.8 (sliding_window_dataset)",
+         "unit": "batches/CPU-s"},
     ]
     _harness.report("patterns", rows)
 

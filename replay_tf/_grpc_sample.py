@@ -140,24 +140,24 @@ class SampleStream:
             return batch
 
     @staticmethod
-    def _chunk(proto: schema_pb2.ChunkData, cache) -> chunk_store_lib.Chunk:
-        """The decoded chunk of `proto`, decoded once per call."""
+    def _chunk(proto: schema_pb2.ChunkData, cache) -> tuple:
+        """`(chunk, rows, tensors)` for `proto`: its decoded chunk (decoded once per call), its number of
+        rows and of tensors (for the bounds checks of `_sampled_item`)."""
         r = proto.sequence_range
-        key = proto.chunk_key
         end = r.end
         # A chunk of one key may have grown (in-process writers' open chunks): key the cache by its rows too.
-        cache_key = (key, end)
-        chunk = cache.get(cache_key)
-        if chunk is not None:
+        cache_key = (proto.chunk_key, end)
+        entry = cache.get(cache_key)
+        if entry is not None:
             cache.move_to_end(cache_key)
-            return chunk
-        chunk = chunk_store_lib.Chunk(key, codec.decode_chunk_tensors(proto),
+            return entry
+        chunk = chunk_store_lib.Chunk(proto.chunk_key, codec.decode_chunk_tensors(proto),
                                       chunk_store_lib.SequenceRange(r.episode_id, r.start, end, r.sparse),
                                       delta_encoded=proto.delta_encoded)
-        cache[cache_key] = chunk
+        entry = cache[cache_key] = (chunk, chunk.num_rows, len(chunk.tensors))
         if len(cache) > common.CHUNK_CACHE_SIZE:
             cache.popitem(last=False)
-        return chunk
+        return entry
 
     def _samples(self, response, partial: list, cache) -> list:
         out = []
@@ -166,7 +166,7 @@ class SampleStream:
                 partial[0] = (entry.info, {})
             if partial[0] is None:
                 raise errors.ReverbError("SampleStream sent sample data before its info")
-            chunks = partial[0][1]
+            chunks = partial[0][1]  # chunk key -> (chunk, rows, tensors)
             for proto in entry.data:
                 chunks[proto.chunk_key] = self._chunk(proto, cache)
             if entry.end_of_sequence:
@@ -206,22 +206,23 @@ _REOPEN = object()  # the reader's marker: max_samples_per_stream reached, open 
 
 def _sampled_item(key: int, priority: float, times_sampled: int, trajectory_proto,
                   chunks: dict) -> chunk_store_lib.Item:
-    """A core `Item` for a sample, built from its proto and decoded chunks (bounds checked here, so the
-    item is made with `Item.from_resolved`: a sample is unpacked once, full validation would only cost)."""
+    """A core `Item` for a sample, built from its proto and decoded chunks (`chunk key -> (chunk, rows,
+    tensors)`); bounds are checked here, so the item is made with `Item.from_resolved`: a sample is unpacked
+    once, full validation would only cost."""
     columns, episode_ids = [], set()
     for column in trajectory_proto.columns:
         flat = [column.squeeze]
         for s in column.chunk_slices:
-            chunk = chunks.get(s.chunk_key)
-            if chunk is None:
+            found = chunks.get(s.chunk_key)
+            if found is None:
                 raise errors.ReverbError(f"sampled item {key} refers to chunk {s.chunk_key}, which the server did "
                                          f"not send with it")
+            chunk, rows, tensors = found
             start, index = s.offset, s.index
             stop = start + s.length
-            if start < 0 or stop > chunk.num_rows or stop <= start or not 0 <= index < len(chunk.tensors):
+            if start < 0 or stop > rows or stop <= start or not 0 <= index < tensors:
                 raise errors.ReverbError(f"sampled item {key}: slice [{start}, {stop}) of tensor {index} is out of "
-                                         f"chunk {s.chunk_key}'s {len(chunk.tensors)} tensors of {chunk.num_rows} "
-                                         f"rows")
+                                         f"chunk {s.chunk_key}'s {tensors} tensors of {rows} rows")
             flat += (chunk, index, start, stop)
             episode_ids.add(chunk.sequence_range.episode_id)
         if len(flat) == 1:

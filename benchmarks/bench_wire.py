@@ -3,7 +3,8 @@
 Workload (issue 6, the server issue's workload across processes): items of 3 overlapping steps, one item per
 step, for the seed demo's spec (action f32[2], observation uint8[10,10]) and an Atari-like one (observation
 uint8[84,84,4]), uniform table. Measured: trajectory_writer insert steps/s (until the final flush returns)
-and `TrajectoryDataset.from_table_signature(...).batch(256)` samples/s, for the four pairs
+and `TrajectoryDataset.from_table_signature(...).batch(256)` samples/s (and samples per CPU-second of the
+client process, all threads: robust under load, but it leaves out the server's work), for the four pairs
 {our server, dm-reverb server} x {our client, dm-reverb client}. The reference is dm-reverb server with
 dm-reverb client; the mixed pairs are reported beside it.
 """
@@ -42,12 +43,13 @@ def run_case(address, spec_name, obs_shape, num_steps, num_batches):
     table = f"t_{spec_name}"
     client.reset(table)
     insert_rate = write_items(client, table, make_steps(obs_shape), num_steps)
-    return insert_rate, sample_rate(address, table, obs_shape, num_batches)
+    return (insert_rate, *sample_rate(address, table, obs_shape, num_batches))
 
 for spec_name, (obs_shape, num_batches) in SPECS.items():
-    insert_rate, samples_per_s = run_case(ADDRESS, spec_name, obs_shape, NUM_STEPS, num_batches)
+    insert_rate, samples_per_s, samples_per_cpu_s = run_case(ADDRESS, spec_name, obs_shape, NUM_STEPS, num_batches)
     emit(f"{spec_name}/insert", insert_rate)
     emit(f"{spec_name}/sample", samples_per_s)
+    emit(f"{spec_name}/sample_cpu", samples_per_cpu_s)
 '''
 
 
@@ -116,7 +118,9 @@ def main() -> None:
     rows = []
     for spec_name in SPECS:
         for metric, what, unit in [("insert", f"writer insert ({NUM_STEPS} steps, 3-step items)", "steps/s"),
-                                   ("sample", "TrajectoryDataset.batch(256)", "samples/s")]:
+                                   ("sample", "TrajectoryDataset.batch(256)", "samples/s"),
+                                   ("sample_cpu", "TrajectoryDataset.batch(256) per client CPU-second",
+                                    "samples/CPU-s")]:
             key = f"{spec_name}/{metric}"
             for (server_kind, client_kind), values in sorted(results.items()):
                 if (server_kind, client_kind) == ("reverb", "reverb"):

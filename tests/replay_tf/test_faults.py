@@ -77,16 +77,28 @@ def _join(calls):
 @pytest.mark.parametrize("transport", ["in_process", "grpc"])
 def test_server_stop_releases_blocked_samplers_with_a_clear_error(transport):
     server = reverb.Server([reverb.Table("t", reverb.selectors.Uniform(), reverb.selectors.Fifo(), 10,
-                                         reverb.rate_limiters.MinSize(2))])
+                                         reverb.rate_limiters.MinSize(2)),
+                            reverb.Table.queue("full", 1)])
     # "ipv4:127.0.0.1:<port>" is a gRPC target that is not this process's server address: gRPC is used.
     address = f"localhost:{server.port}" if transport == "in_process" else f"ipv4:127.0.0.1:{server.port}"
-    reverb.Client(address).insert(np.float32(1.0), priorities={"t": 1.0})  # below min_size_to_sample
+    client = reverb.Client(address)
+    client.insert(np.float32(1.0), priorities={"t": 1.0})  # below min_size_to_sample
+    client.insert(np.float32(1.0), priorities={"full": 1.0})
     calls = _blocked_samplers(address, "t")
+    if transport == "in_process":
+        # An in-process writer blocked on the other side of a rate limiter is released the same way. (Remote
+        # writers reconnect after CANCELLED and UNAVAILABLE, as Reverb's do: their flush takes a timeout.)
+        calls.append(_in_thread(lambda: client.insert(np.float32(2.0), priorities={"full": 1.0})))
+        time.sleep(0.5)
+        assert calls[-1][0].is_alive(), calls[-1][1]
     server.stop()
-    sample_error, dataset_error = _join(calls)
+    sample_error, dataset_error, *insert_error = _join(calls)
     assert isinstance(sample_error, reverb.errors.CancelledError), repr(sample_error)
     assert "Table 't' has been closed (its server was stopped)" in str(sample_error)
     assert "Table 't' has been closed (its server was stopped)" in str(dataset_error), repr(dataset_error)
+    for error in insert_error:
+        assert isinstance(error, reverb.errors.CancelledError), repr(error)
+        assert "Table 'full' has been closed (its server was stopped)" in str(error)
 
 
 def test_server_process_killed_releases_blocked_remote_samplers(tmp_path):

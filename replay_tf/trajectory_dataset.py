@@ -434,15 +434,23 @@ class _BufferPool:
 
     def __init__(self):
         self._arrays: dict = {}
+        # The reference counts of an array that only the pool holds, measured on a probe held and looked
+        # at exactly as `empty` does (so they hold on any interpreter's reference-counting details).
+        probes = [_aligned_empty((1,), np.dtype(np.uint8))]
+        for array in probes:
+            self._free_counts = self._counts(array)
+
+    @staticmethod
+    def _counts(array: np.ndarray) -> tuple:
+        # References to the array, and to the memory it views (any view of `array` refers to `array.base`).
+        return sys.getrefcount(array), sys.getrefcount(array.base)
 
     def empty(self, shape: tuple, dtype: np.dtype) -> np.ndarray:
         if dtype == np.dtype(object) or int(np.prod(shape, dtype=np.int64)) * dtype.itemsize < self.MIN_BYTES:
             return _aligned_empty(shape, dtype)
         arrays = self._arrays.setdefault((shape, dtype), [])
         for array in arrays:
-            # Free when only the pool refers to the array (the list, `array`, getrefcount's argument) and
-            # only the array to the memory it views (any view of `array` refers to `array.base` instead).
-            if sys.getrefcount(array) == 3 and sys.getrefcount(array.base) == 2:
+            if self._counts(array) == self._free_counts:  # nothing but the pool refers to it
                 return array
         array = _aligned_empty(shape, dtype)
         if len(arrays) < self.MAX_ARRAYS:

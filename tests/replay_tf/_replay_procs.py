@@ -68,6 +68,7 @@ class _Control:
     def __init__(self):
         self.go = threading.Event()
         self.stop = threading.Event()
+        self.stop_time = None
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self):
@@ -76,6 +77,7 @@ class _Control:
             if word == "GO":
                 self.go.set()
             elif word == "STOP":
+                self.stop_time = time.monotonic()
                 self.stop.set()
         self.go.set()
         self.stop.set()  # the coordinator went away
@@ -233,6 +235,7 @@ def load_sampler(config: dict) -> None:
     keys = set()
     deleted = []
     updates = 0
+    iterations = 0
     waits = []       # seconds per sample call (client.sample batch, or per dataset element)
     started = time.monotonic()
     while True:
@@ -248,6 +251,7 @@ def load_sampler(config: dict) -> None:
                 got.append((int(sample.info.key), int(sample.info.table_size)))
                 t0 = time.monotonic()
         else:
+            iterations += 1
             t0 = time.monotonic()
             for sample in dataset:
                 waits.append(time.monotonic() - t0)
@@ -274,7 +278,9 @@ def load_sampler(config: dict) -> None:
     elapsed = time.monotonic() - started
     _report({"role": "sampler", "index": index, "mode": mode, "table": table, "samples": samples,
              "unique_keys": sorted(keys), "deleted": deleted, "updates": updates, "seconds": elapsed,
-             "sample_wait": _percentiles(waits), "rss_kb": _rss_kb()})
+             "sample_wait": _percentiles(waits), "rss_kb": _rss_kb(),
+             "drain_s": time.monotonic() - (control.stop_time or time.monotonic()),
+             "dataset_iterations": iterations})
 
 
 _DELETED_CACHE = {}

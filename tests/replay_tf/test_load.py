@@ -132,6 +132,8 @@ def test_load_reconciles_exactly(tmp_path):
         "worker_rss_mb_max": max(r["rss_kb"] for r in writer_reports + sampler_reports) / 1024,
         "writers_flush_and_stop_s": writers_done - stopping,
         "samplers_drain_s": samplers_done - writers_done,
+        "sampler_drain_s_by_mode": {mode: max(r["drain_s"] for r in sampler_reports if r["mode"] == mode)
+                                    for mode in sorted(set(SAMPLER_MODES))},
     }
     os.makedirs(os.path.join(ROOT, "benchmarks", "results"), exist_ok=True)
     with open(os.path.join(ROOT, "benchmarks", "results", "load.json"), "w") as f:

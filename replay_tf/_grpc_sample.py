@@ -21,7 +21,8 @@ class SampleStream:
     """A `SampleStream` of `replay_tf.client` over gRPC SampleStream calls."""
 
     def __init__(self, channel: grpc.Channel, table: str, num_samples_per_request: int,
-                 rate_limiter_timeout_ms: Optional[int], max_samples_per_stream: Optional[int]):
+                 rate_limiter_timeout_ms: Optional[int], max_samples_per_stream: Optional[int],
+                 max_samples: Optional[int] = None):
         if num_samples_per_request < 1:
             raise ValueError(f"num_samples_per_request ({num_samples_per_request}) must be >= 1")
         self._method = channel.stream_stream(common.SERVICE + "SampleStream", request_serializer=common.identity,
@@ -29,6 +30,7 @@ class SampleStream:
         self._table = table
         self._num_samples = num_samples_per_request
         self._max_samples_per_stream = max_samples_per_stream
+        self._budget = max_samples  # samples the caller may still take in all: never ask for more
         timeout = -1 if rate_limiter_timeout_ms is None or rate_limiter_timeout_ms < 0 else rate_limiter_timeout_ms
         if timeout == 0:
             timeout = 1  # Reverb servers read 0 as "wait forever"; the caller asked not to wait
@@ -63,15 +65,23 @@ class SampleStream:
         # Reverb's workers keep `max_in_flight_samples_per_worker` in flight): the server samples and sends
         # while the caller stacks. `next_batch` hands out every sample that has arrived.
         count = self._next_count(0)
+        self._spend(count)
         requests.put(self._request(count))
         threading.Thread(target=self._read, args=(call, requests, results, state, count),
                          name="replay_tf-sample-stream", daemon=True).start()
 
     def _next_count(self, stream_samples: int) -> int:
         """Samples to ask for next on a call that has received `stream_samples` (0: re-open the call)."""
+        count = self._num_samples
+        if self._budget is not None:
+            count = min(count, self._budget)
         if self._max_samples_per_stream is None:
-            return self._num_samples
-        return max(0, min(self._num_samples, self._max_samples_per_stream - stream_samples))
+            return count
+        return max(0, min(count, self._max_samples_per_stream - stream_samples))
+
+    def _spend(self, count: int) -> None:
+        if self._budget is not None:
+            self._budget -= count
 
     def _read(self, call, requests: queue.Queue, results: queue.Queue, state: "_CallState", asked: int) -> None:
         partial: list = [None]  # (info, {chunk key: Chunk}) of a sample split over responses
@@ -89,6 +99,8 @@ class SampleStream:
                 if received < asked:
                     continue
                 received = 0
+                if self._budget == 0:
+                    return  # the caller takes no more: asking on would sample items nobody receives
                 asked = self._next_count(stream_samples)
                 if asked == 0:  # max_samples_per_stream reached: re-open to rebalance, as Reverb's sampler does
                     results.put(_REOPEN)
@@ -98,6 +110,7 @@ class SampleStream:
                         state.cv.wait()
                     if state.closed:
                         return
+                self._spend(asked)
                 requests.put(self._request(asked))
             results.put(errors.ReverbError(f"SampleStream of table '{self._table}' ended before the samples "
                                            f"asked for arrived"))

@@ -115,15 +115,26 @@ class InsertStream:
 
 class SampleStream:
     def __init__(self, server: server_lib.Server, table: str, num_samples_per_request: int,
-                 rate_limiter_timeout_ms: Optional[int]):
+                 rate_limiter_timeout_ms: Optional[int], max_samples: Optional[int] = None):
         self._table = server.table(table)
         self._num_samples = num_samples_per_request
+        self._budget = max_samples  # samples the caller may still take in all: never sample more
         self._timeout_ms = rate_limiter_timeout_ms
         self._waiting_since: Optional[float] = None  # time.monotonic() of the first poll of this wait
 
+    def _count(self) -> int:
+        return self._num_samples if self._budget is None else min(self._num_samples, self._budget)
+
+    def _spend(self, batch: list) -> list:
+        if self._budget is not None:
+            self._budget -= len(batch)
+        return batch
+
     def next_batch(self, poll_ms: Optional[float] = None) -> list:
+        if self._budget == 0:
+            return []
         if poll_ms is None:
-            return self._table.sample(self._num_samples, timeout_ms=self._timeout_ms)
+            return self._spend(self._table.sample(self._count(), timeout_ms=self._timeout_ms))
         now = time.monotonic()
         polled_before = self._waiting_since is not None
         if not polled_before:
@@ -132,7 +143,7 @@ class SampleStream:
         slice_ms = poll_ms if deadline is None else min(poll_ms, max(0.0, deadline - now) * 1000.0)
         try:
             # Table.sample is atomic: a slice that times out has sampled nothing.
-            batch = self._table.sample(self._num_samples, timeout_ms=slice_ms)
+            batch = self._spend(self._table.sample(self._count(), timeout_ms=slice_ms))
         except errors.DeadlineExceededError:
             if deadline is not None and time.monotonic() >= deadline:
                 self._waiting_since = None
@@ -158,9 +169,10 @@ class InProcessTransport:
 
     def open_sample_stream(self, table: str, num_samples_per_request: int,
                            rate_limiter_timeout_ms: Optional[int], *,
-                           max_samples_per_stream: Optional[int] = None) -> SampleStream:
+                           max_samples_per_stream: Optional[int] = None,
+                           max_samples: Optional[int] = None) -> SampleStream:
         del max_samples_per_stream  # streams are only re-opened to balance remote servers
-        return SampleStream(self.server, table, num_samples_per_request, rate_limiter_timeout_ms)
+        return SampleStream(self.server, table, num_samples_per_request, rate_limiter_timeout_ms, max_samples)
 
     def mutate_priorities(self, table: str, updates: list, deletes: list) -> None:
         self.server.table(table).mutate_items(updates, deletes)

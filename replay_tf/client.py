@@ -80,7 +80,10 @@ class Transport(Protocol):
 
     def open_sample_stream(self, table: str, num_samples_per_request: int,
                            rate_limiter_timeout_ms: Optional[int], *,
-                           max_samples_per_stream: Optional[int] = None) -> SampleStream: ...
+                           max_samples_per_stream: Optional[int] = None,
+                           max_samples: Optional[int] = None) -> SampleStream:
+        """A stream that takes at most `max_samples` samples from the table in all (None: no limit), so a
+        caller that wants N samples never removes more than N items from a queue."""
 
     def mutate_priorities(self, table: str, updates: list, deletes: list) -> None: ...
 
@@ -251,7 +254,7 @@ class Client:
 
         signature = self._get_signature_for_table(table) if unpack_as_table_signature else None
         unflatten = (lambda x: tree.unflatten_as(signature, x)) if signature else (lambda x: x)
-        stream = self._transport.open_sample_stream(table, 1, None)
+        stream = self._transport.open_sample_stream(table, 1, None, max_samples=num_samples)
         try:
             for _ in range(num_samples):
                 [sampled] = stream.next_batch()

@@ -115,7 +115,8 @@ class TrajectoryDataset(tf.data.Dataset):
       max_samples_per_stream: -1 or >= 1; passed to remote transports, which re-open streams after it.
       rate_limiter_timeout_ms: -1 waits forever; otherwise a rate-limiter wait longer than this ends the
         iteration (0 ends it as soon as sampling would block).
-      max_samples: -1 for no limit, else the iteration ends after this many samples.
+      max_samples: -1 for no limit, else the iteration ends after this many samples; with one worker no
+        more than that many are taken from the table (nothing sampled ahead is lost from a queue).
     """
 
     def __init__(self, server_address: str, table: str, dtypes: Any, shapes: Any,
@@ -284,9 +285,13 @@ class TrajectoryDataset(tf.data.Dataset):
 
         transport = make_transport(self._server_address)
         request = self._max_in_flight if batch_size is None else max(self._max_in_flight, batch_size)
+        # One worker never takes more than `max_samples` from the table (a queue loses nothing); several
+        # workers share no budget, so each may have up to `request` samples in flight past the limit.
+        budget = self._max_samples if self._num_workers == 1 else None
         def open_stream():
             return transport.open_sample_stream(self._table, request, self._timeout_ms,
-                                                max_samples_per_stream=self._max_samples_per_stream)
+                                                max_samples_per_stream=self._max_samples_per_stream,
+                                                max_samples=budget)
 
         stream = open_stream() if self._num_workers == 1 else _ParallelStreams(open_stream, self._num_workers)
         remaining = self._max_samples

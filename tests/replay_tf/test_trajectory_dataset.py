@@ -320,6 +320,28 @@ def test_workers_samples_match_their_info_and_max_samples_holds(transport_kind):
     server.stop()
 
 
+@pytest.mark.parametrize("max_samples, max_in_flight, batch_size", [(4, 4, None), (3, 8, None), (5, 2, 2)])
+def test_max_samples_takes_no_more_than_that_from_a_queue(transport_kind, max_samples, max_in_flight, batch_size):
+    server = reverb.Server([reverb.Table.queue("q", 100, signature=tf.TensorSpec([1], tf.int32))])
+    client = reverb.Client(f"localhost:{server.port}")
+    for i in range(50):
+        client.insert(np.int32(i), {"q": 1.0})
+    dataset = reverb.TrajectoryDataset.from_table_signature(
+        f"localhost:{server.port}", "q", max_in_flight_samples_per_worker=max_in_flight, max_samples=max_samples)
+    if batch_size is None:
+        values = [int(s.data[0]) for s in dataset]
+    else:
+        values = [v for b in dataset.batch(batch_size) for v in b.data.numpy().ravel().tolist()]
+    assert values == list(range(max_samples))  # a queue hands items out in insertion order
+    # Nothing was sampled ahead and dropped: the rest is still queued, the next reader gets item max_samples.
+    assert server.table("q").info.current_size == 50 - max_samples
+    assert server.table("q").info.rate_limiter_info.sample_stats.completed == max_samples
+    assert [int(np.asarray(s.data[0]).ravel()[0]) for s in client.sample("q", 3, emit_timesteps=False)] == [
+        max_samples, max_samples + 1, max_samples + 2]
+    assert server.table("q").info.current_size == 47 - max_samples  # client.sample took exactly 3
+    server.stop()
+
+
 def test_doctests():
     import doctest
     from replay_tf import trajectory_dataset

@@ -18,6 +18,7 @@ MAX_REQUEST_BYTES = 4 << 20       # assemble queued items into requests up to ab
 MAX_REQUEST_ITEMS = 256
 LINGER_S = 0.002                  # how long a request waits for more items (not while flushing)
 CHUNK_CACHE_SIZE = 4096           # decoded chunks kept per sample stream
+CHUNK_CACHE_BYTES = 64 << 20      # and at most about this many bytes of them (Atari chunks are ~80 KiB)
 CLOSE_TIMEOUT_S = 10.0
 CLOSE = object()
 

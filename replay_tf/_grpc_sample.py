@@ -17,6 +17,14 @@ from replay_tf.wire import reverb_service_pb2
 from replay_tf.wire import schema_pb2
 
 
+class _ChunkCache(collections.OrderedDict):
+    """Decoded chunks of one call, least recently used first, with their total size in bytes."""
+
+    def __init__(self):
+        super().__init__()
+        self.nbytes = 0
+
+
 class SampleStream:
     """A `SampleStream` of `replay_tf.client` over gRPC SampleStream calls."""
 
@@ -85,7 +93,7 @@ class SampleStream:
 
     def _read(self, call, requests: queue.Queue, results: queue.Queue, state: "_CallState", asked: int) -> None:
         partial: list = [None]  # (info, {chunk key: Chunk}) of a sample split over responses
-        cache: "collections.OrderedDict" = collections.OrderedDict()  # this call's decoded chunks
+        cache = _ChunkCache()  # this call's decoded chunks
         received = stream_samples = 0
         try:
             for raw in call:
@@ -168,8 +176,9 @@ class SampleStream:
                                       chunk_store_lib.SequenceRange(r.episode_id, r.start, end, r.sparse),
                                       delta_encoded=proto.delta_encoded)
         entry = cache[cache_key] = (chunk, chunk.num_rows, len(chunk.tensors))
-        if len(cache) > common.CHUNK_CACHE_SIZE:
-            cache.popitem(last=False)
+        cache.nbytes += sum(t.nbytes for t in chunk.tensors)
+        while len(cache) > 1 and (len(cache) > common.CHUNK_CACHE_SIZE or cache.nbytes > common.CHUNK_CACHE_BYTES):
+            cache.nbytes -= sum(t.nbytes for t in cache.popitem(last=False)[1][0].tensors)
         return entry
 
     def _samples(self, response, partial: list, cache) -> list:

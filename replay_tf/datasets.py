@@ -179,6 +179,8 @@ def _server_dataset(server_address: str, batch_size: Optional[int], num_parallel
                     weights: Mapping[str, float]) -> tf.data.Dataset:
     """acme's pipeline for one server: per-table `TrajectoryDataset`s mixed by weight, interleaved."""
 
+    # Plain Python building datasets: AutoGraph must not convert it (nor, through it, the gRPC client).
+    @tf.autograph.experimental.do_not_convert
     def make_dataset(unused_index: tf.Tensor) -> tf.data.Dataset:
         datasets = [TrajectoryDataset.from_table_signature(
             server_address=server_address, table=name,

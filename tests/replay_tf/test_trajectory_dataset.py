@@ -199,6 +199,36 @@ def test_large_batches_held_by_the_caller_keep_their_values():
     server.stop()
 
 
+def test_remote_chunk_cache_is_bounded_in_bytes_and_samples_stay_exact(monkeypatch):
+    from replay_tf import _grpc_common
+    from replay_tf import _grpc_sample
+    from replay_tf import _grpc_transport
+    from replay_tf import client as client_lib
+    monkeypatch.setattr(_grpc_common, "CHUNK_CACHE_BYTES", 3 * 16 * 16 * 4)  # room for 3 one-row chunks
+    sizes = []
+    original = _grpc_sample.SampleStream._chunk
+
+    def recording_chunk(proto, cache):
+        entry = original(proto, cache)
+        sizes.append((len(cache), cache.nbytes))
+        return entry
+    monkeypatch.setattr(_grpc_sample.SampleStream, "_chunk", staticmethod(recording_chunk))
+    monkeypatch.setattr(client_lib, "make_transport", _grpc_transport.Transport)
+    server = reverb.Server([reverb.Table("t", reverb.selectors.Uniform(), reverb.selectors.Fifo(), 100,
+                                         reverb.rate_limiters.MinSize(1))])
+    client = reverb.Client(f"localhost:{server.port}")
+    for i in range(20):
+        client.insert(np.full([16, 16, 4], i, np.uint8), {"t": 1.0})
+    value_of = {item.key: i for i, item in enumerate(server.table("t").items_snapshot())}
+    dataset = reverb.TrajectoryDataset(f"localhost:{server.port}", "t", dtypes=tf.uint8,
+                                       shapes=tf.TensorShape([1, 16, 16, 4]), max_in_flight_samples_per_worker=8)
+    for batch in dataset.batch(8).take(10):
+        expected = np.array([value_of[key] for key in batch.info.key.numpy().tolist()], np.uint8)
+        assert (batch.data.numpy() == expected[:, None, None, None, None]).all()
+    assert sizes and max(n for n, _ in sizes) == 3 and max(b for _, b in sizes) == 3 * 16 * 16 * 4
+    server.stop()
+
+
 def _wait_until(condition, timeout_s=10.0):
     import time
     deadline = time.monotonic() + timeout_s

@@ -161,44 +161,56 @@ class SampleStream:
             return batch
 
     @staticmethod
-    def _chunk(proto: schema_pb2.ChunkData, cache) -> tuple:
+    def _chunk(proto: schema_pb2.ChunkData, cache, decode=codec.decode_tensor) -> tuple:
         """`(chunk, rows, tensors)` for `proto`: its decoded chunk (decoded once per call), its number of
         rows and of tensors (for the bounds checks of `_sampled_item`)."""
         r = proto.sequence_range
-        end = r.end
+        key, end = proto.chunk_key, r.end
         # A chunk of one key may have grown (in-process writers' open chunks): key the cache by its rows too.
-        cache_key = (proto.chunk_key, end)
+        cache_key = (key, end)
         entry = cache.get(cache_key)
         if entry is not None:
             cache.move_to_end(cache_key)
             return entry
-        chunk = chunk_store_lib.Chunk(proto.chunk_key, codec.decode_chunk_tensors(proto),
-                                      chunk_store_lib.SequenceRange(r.episode_id, r.start, end, r.sparse),
-                                      delta_encoded=proto.delta_encoded)
-        entry = cache[cache_key] = (chunk, chunk.num_rows, len(chunk.tensors))
-        cache.nbytes += sum(t.nbytes for t in chunk.tensors)
-        while len(cache) > 1 and (len(cache) > common.CHUNK_CACHE_SIZE or cache.nbytes > common.CHUNK_CACHE_BYTES):
-            cache.nbytes -= sum(t.nbytes for t in cache.popitem(last=False)[1][0].tensors)
+        start = r.start
+        delta = proto.delta_encoded
+        # (codec.decode_chunk_tensors, inlined: chunks from old checkpoints keep their tensors elsewhere)
+        encoded = proto.data.tensors if proto.HasField("data") else proto.deprecated_data
+        tensors = [decode(t, delta_encoded=delta) for t in encoded]
+        chunk = chunk_store_lib.Chunk(key, tensors, chunk_store_lib.SequenceRange(r.episode_id, start, end, r.sparse),
+                                      delta_encoded=delta)
+        nbytes = 0
+        for t in tensors:
+            nbytes += t.nbytes
+        entry = cache[cache_key] = (chunk, end - start + 1, len(tensors), nbytes)
+        cache.nbytes += nbytes
+        if len(cache) > common.CHUNK_CACHE_SIZE or cache.nbytes > common.CHUNK_CACHE_BYTES:
+            while len(cache) > 1 and (len(cache) > common.CHUNK_CACHE_SIZE
+                                      or cache.nbytes > common.CHUNK_CACHE_BYTES):
+                cache.nbytes -= cache.popitem(last=False)[1][3]
         return entry
 
     def _samples(self, response, partial: list, cache) -> list:
         out = []
+        chunk_of = self._chunk
+        sampled_item = table_lib.SampledItem
         for entry in response.entries:
             if entry.HasField("info"):
                 partial[0] = (entry.info, {})
-            if partial[0] is None:
+            elif partial[0] is None:
                 raise errors.ReverbError("SampleStream sent sample data before its info")
-            chunks = partial[0][1]  # chunk key -> (chunk, rows, tensors)
+            chunks = partial[0][1]  # chunk key -> (chunk, rows, tensors, nbytes)
             for proto in entry.data:
-                chunks[proto.chunk_key] = self._chunk(proto, cache)
+                found = chunk_of(proto, cache)
+                chunks[found[0].key] = found
             if entry.end_of_sequence:
                 info, chunks = partial[0]
                 partial[0] = None
                 item_proto = info.item
                 priority, times_sampled = item_proto.priority, item_proto.times_sampled
                 item = _sampled_item(item_proto.key, priority, times_sampled, item_proto.flat_trajectory, chunks)
-                out.append(table_lib.SampledItem(item, priority, times_sampled, info.probability, info.table_size,
-                                                 info.rate_limited))
+                out.append(sampled_item(item, priority, times_sampled, info.probability, info.table_size,
+                                        info.rate_limited))
         return out
 
     def close(self) -> None:
@@ -229,22 +241,24 @@ _REOPEN = object()  # the reader's marker: max_samples_per_stream reached, open 
 def _sampled_item(key: int, priority: float, times_sampled: int, trajectory_proto,
                   chunks: dict) -> chunk_store_lib.Item:
     """A core `Item` for a sample, built from its proto and decoded chunks (`chunk key -> (chunk, rows,
-    tensors)`); bounds are checked here, so the item is made with `Item.from_resolved`: a sample is unpacked
-    once, full validation would only cost."""
+    tensors, nbytes)`); bounds are checked here, so the item is made with `Item.from_resolved`: a sample is
+    unpacked once, full validation would only cost."""
     columns, episode_ids = [], set()
+    get = chunks.get
     for column in trajectory_proto.columns:
         flat = [column.squeeze]
         for s in column.chunk_slices:
-            found = chunks.get(s.chunk_key)
+            chunk_key = s.chunk_key
+            found = get(chunk_key)
             if found is None:
-                raise errors.ReverbError(f"sampled item {key} refers to chunk {s.chunk_key}, which the server did "
+                raise errors.ReverbError(f"sampled item {key} refers to chunk {chunk_key}, which the server did "
                                          f"not send with it")
-            chunk, rows, tensors = found
+            chunk, rows, tensors, _ = found
             start, index = s.offset, s.index
             stop = start + s.length
             if start < 0 or stop > rows or stop <= start or not 0 <= index < tensors:
                 raise errors.ReverbError(f"sampled item {key}: slice [{start}, {stop}) of tensor {index} is out of "
-                                         f"chunk {s.chunk_key}'s {tensors} tensors of {rows} rows")
+                                         f"chunk {chunk_key}'s {tensors} tensors of {rows} rows")
             flat += (chunk, index, start, stop)
             episode_ids.add(chunk.sequence_range.episode_id)
         if len(flat) == 1:

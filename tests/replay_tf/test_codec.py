@@ -128,6 +128,39 @@ def test_decode_errors(proto, error):
         codec.decode_tensor(proto)
 
 
+
+@pytest.mark.parametrize("shape,content,error", [
+    ([2], b"not snappy at all", r"needs 8 bytes, its content decompresses to 110"),  # 'n' reads as size 110
+    ([2], b"\x08\x01\x02", r"not valid Snappy raw data"),  # announces the 8 bytes, then ends
+    ([3], bytes(cramjam.snappy.compress_raw(b"\0" * 8)),
+     r"dtype float32 and shape \[3\] needs 12 bytes, its content decompresses to 8"),
+    ([3], bytes(cramjam.snappy.compress_raw(b"\0" * 16)),
+     r"dtype float32 and shape \[3\] needs 12 bytes, its content decompresses to 16"),
+])
+def test_decode_errors_once_the_header_is_known(shape, content, error):
+    # A valid tensor of the same dtype and shape first: its parsed header is reused for the next ones.
+    valid = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+    np.testing.assert_array_equal(codec.decode_tensor(codec.encode_tensor(valid)), valid)
+    with pytest.raises(codec.ChunkDecodeError, match=error):
+        codec.decode_tensor(_proto(tf.float32.as_datatype_enum, shape, content))
+    np.testing.assert_array_equal(codec.decode_tensor(codec.encode_tensor(valid + 1)), valid + 1)
+
+
+def test_decode_with_a_known_header_gives_fresh_arrays_and_undoes_deltas_only_when_asked():
+    rows = np.array([[1, 2], [4, 8], [9, 16]], np.int64)
+    proto = codec.encode_tensor(rows, delta_encoded=True)  # stored as [[1, 2], [3, 6], [5, 8]]
+    first = codec.decode_tensor(proto, delta_encoded=True)
+    second = codec.decode_tensor(proto, delta_encoded=True)
+    raw = codec.decode_tensor(proto)
+    assert first.tolist() == second.tolist() == rows.tolist()
+    assert raw.tolist() == [[1, 2], [3, 6], [5, 8]]
+    assert first.dtype == raw.dtype == np.int64 and raw.shape == (3, 2)
+    first[0, 0] = 100  # arrays never share memory
+    assert second[0, 0] == 1 and raw[0, 0] == 1
+    other = codec.decode_tensor(codec.encode_tensor(np.zeros([3, 2], np.uint8)))  # same shape, other dtype
+    assert other.dtype == np.uint8 and other.tolist() == [[0, 0]] * 3
+
+
 def _chunk_proto(key=5, rows=3, tensors=None, delta=False):
     chunk = chunk_store.Chunk(key, tensors or [np.arange(rows * 2, dtype=np.int32).reshape(rows, 2)],
                               chunk_store.SequenceRange(9, 10, 10 + rows - 1), delta_encoded=delta)

@@ -9,7 +9,9 @@ import time
 import weakref
 from typing import Optional
 
+import cramjam
 import grpc
+import numpy as np
 
 from replay_tf import _grpc_common as common
 from replay_tf import errors
@@ -21,6 +23,31 @@ from replay_tf.wire import reverb_service_pb2
 
 _TRANSIENT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
 _BACKOFF_S = (0.001, 1.0)  # reconnect backoff: first wait, doubling up to the last (as Reverb's writer)
+
+
+def _serialized_chunk(chunk: chunk_store_lib.Chunk) -> bytes:
+    """`codec.serialized_chunk(chunk)`, the same bytes, assembled without building protos for numeric tensors."""
+    encoded = chunk.encoded
+    if isinstance(encoded, bytes):
+        return encoded
+    sequence_range = chunk.sequence_range
+    if isinstance(encoded, tuple) and encoded[0] == sequence_range.end:
+        return encoded[1]
+    rows = chunk.num_rows
+    delta = chunk.delta_encoded
+    tensors = []
+    uncompressed = 0
+    for array in chunk.tensors:
+        array = array[:rows]
+        if array.dtype.kind not in "biufc" or not array.dtype.isnative or (delta and codec._delta_applies(array)):
+            return codec.serialized_chunk(chunk)  # strings, byte-swapped or delta-encoded: the general path
+        tensors.append(_raw.tensor(codec.dtype_enum(array.dtype), array.shape,
+                                   bytes(cramjam.snappy.compress_raw(np.ascontiguousarray(array)))))
+        uncompressed += array.nbytes
+    serialized = _raw.chunk_data(chunk.key, sequence_range.episode_id, sequence_range.start, sequence_range.end,
+                                 sequence_range.sparse, delta, tensors, uncompressed)
+    chunk.encoded = (sequence_range.end, serialized)
+    return serialized
 
 
 class _Connection:
@@ -106,15 +133,16 @@ class InsertStream:
     def _encode_requests(self, connection: _Connection):
         sent = connection.sent
         requests = connection.queue
-        serialized_chunk = codec.serialized_chunk
-        trajectory_to_proto = codec.trajectory_to_proto
+        request_item, request_chunk = _raw.request_item, _raw.request_chunk
+        table_fields: dict = {}
         while True:
             entry = requests.get()
             if entry is common.CLOSE:
                 return
-            request = reverb_service_pb2.InsertStreamRequest()
-            add_item = request.items.add
+            # The request is assembled as bytes (chunks = 1, items = 2, keep_chunk_keys = 3): the chunks are
+            # sent as their cached serialized ChunkData, the items written field by field (see `_raw`).
             chunks = []
+            items = []
             size = 0
             num_items = 0
             closing = False
@@ -124,13 +152,14 @@ class InsertStream:
                 for chunk in item.chunks.values():
                     if chunk.key not in sent:
                         sent[chunk.key] = chunk
-                        data = serialized_chunk(chunk)
-                        chunks.append(data)
+                        data = _serialized_chunk(chunk)
+                        chunks.append(request_chunk(data))
                         size += len(data)
-                proto = add_item(key=item.key, table=table, priority=item.priority)
-                if item.inserted_at:
-                    proto.inserted_at.seconds, proto.inserted_at.nanos = divmod(int(item.inserted_at), 1_000_000_000)
-                trajectory_to_proto(item.trajectory, proto.flat_trajectory)
+                table_field = table_fields.get(table)
+                if table_field is None:
+                    table_field = table_fields[table] = _raw.table_field(table) if table else b""
+                items.append(request_item(item.key, table_field, item.priority, int(item.inserted_at or 0),
+                                          _raw.flat_trajectory(item.trajectory)))
                 num_items += 1
                 if size >= common.MAX_REQUEST_BYTES or num_items >= common.MAX_REQUEST_ITEMS:
                     break
@@ -150,16 +179,13 @@ class InsertStream:
                     closing = True
                     break
             # Drop our own references so that only the writer decides which chunks stay alive.
-            entry = table = item = chunk = None
+            entry = table = item = chunk = data = None
             # Every sent chunk still alive may be used by a later item: the server must keep it.
-            request.keep_chunk_keys.extend(sent.keys())
-            # ChunkData bytes are appended as repeated field 1 (chunks) without re-parsing them.
-            parts = [request.SerializeToString()]
-            for data in chunks:
-                parts.append(b"\x0a" + _raw.varint(len(data)))
-                parts.append(data)
-            chunks = data = None
-            yield b"".join(parts)
+            chunks += items
+            chunks.append(_raw.keep_chunk_keys(list(sent.keys())))
+            request = b"".join(chunks)
+            chunks = items = None
+            yield request
             if closing:
                 return
 

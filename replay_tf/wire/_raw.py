@@ -115,3 +115,108 @@ def entry(info: bytes | None, chunk_fields: list, end_of_sequence: bool) -> byte
         parts.append(_END_OF_SEQUENCE)
     body = b"".join(parts)
     return b"".join((_TAG_ENTRIES, varint(len(body)), body))
+
+
+# --- InsertStream requests (the writer's hot path) ---
+#
+# Fields are written in field-number order with proto3 defaults left out, as protobuf's own serializer
+# writes them, so these bytes equal the generated classes' `SerializeToString()` (tests compare them).
+
+_TAG_REQUEST_CHUNKS = b"\x0a"      # InsertStreamRequest.chunks = 1
+_TAG_REQUEST_ITEMS = b"\x12"       # InsertStreamRequest.items = 2
+_TAG_REQUEST_KEEP = b"\x1a"        # InsertStreamRequest.keep_chunk_keys = 3 (packed)
+_TAG_COLUMN = b"\x0a"              # FlatTrajectory.columns = 1
+_TAG_SLICE = b"\x0a"               # FlatTrajectory.Column.chunk_slices = 1
+_SQUEEZE = b"\x10\x01"             # FlatTrajectory.Column.squeeze = 2, true
+
+
+def flat_trajectory(trajectory) -> bytes:
+    """A serialized `FlatTrajectory` of a core trajectory (`Column`s of `(chunk_key, offset, length, index)`)."""
+    parts = []
+    for column in trajectory:
+        body = []
+        for chunk_key, offset, length, index in column.slices:
+            s = b"\x08" + varint(chunk_key) if chunk_key else b""
+            if offset:
+                s += b"\x10" + varint(offset)
+            if length:
+                s += b"\x18" + varint(length)
+            if index:
+                s += b"\x20" + varint(index)
+            body += [_TAG_SLICE, _ONE_BYTE[len(s)] if len(s) < 0x80 else varint(len(s)), s]
+        if column.squeeze:
+            body.append(_SQUEEZE)
+        body = b"".join(body)
+        parts += [_TAG_COLUMN, varint(len(body)), body]
+    return b"".join(parts)
+
+
+def request_item(key: int, table_field_bytes: bytes, priority: float, inserted_at_ns: int, trajectory: bytes) -> bytes:
+    """An `InsertStreamRequest.items` element (tag and length included) with times_sampled 0.
+
+    `table_field_bytes` is `table_field(name)`; `trajectory` is `flat_trajectory(...)`.
+    """
+    parts = [_TAG_ITEM_KEY, varint(key)] if key else []
+    parts.append(table_field_bytes)
+    if priority or str(priority)[0] == "-":  # -0.0 is written, as protobuf does
+        parts += [_TAG_ITEM_PRIORITY, _DOUBLE.pack(priority)]
+    if inserted_at_ns:
+        parts.append(length_delimited(_TAG_ITEM_INSERTED_AT, timestamp(inserted_at_ns)))
+    if trajectory:
+        parts += [_TAG_ITEM_TRAJECTORY, varint(len(trajectory)), trajectory]
+    body = b"".join(parts)
+    return b"".join((_TAG_REQUEST_ITEMS, varint(len(body)), body))
+
+
+def request_chunk(chunk: bytes) -> bytes:
+    """An `InsertStreamRequest.chunks` element (tag and length included) of a serialized `ChunkData`."""
+    return _TAG_REQUEST_CHUNKS + varint(len(chunk)) + chunk
+
+
+def keep_chunk_keys(keys) -> bytes:
+    """`InsertStreamRequest.keep_chunk_keys` (packed), or nothing when there are none."""
+    if not keys:
+        return b""
+    body = b"".join([varint(k) for k in keys])
+    return _TAG_REQUEST_KEEP + varint(len(body)) + body
+
+
+def tensor(dtype: int, shape: tuple, content: bytes) -> bytes:
+    """A serialized `tensorflow.TensorProto` (dtype = 1, tensor_shape = 2, tensor_content = 4)."""
+    dims = []
+    for size in shape:
+        dim = b"\x08" + varint(size) if size else b""  # TensorShapeProto.Dim.size = 1
+        dims += [b"\x12", _ONE_BYTE[len(dim)], dim]   # TensorShapeProto.dim = 2 (a Dim is < 12 bytes)
+    dims = b"".join(dims)
+    parts = [b"\x08", varint(dtype)] if dtype else []
+    if shape:
+        parts += [b"\x12", varint(len(dims)), dims]
+    if content:
+        parts += [b"\x22", varint(len(content)), content]
+    return b"".join(parts)
+
+
+def chunk_data(chunk_key: int, episode_id: int, start: int, end: int, sparse: bool, delta_encoded: bool,
+               tensors: list, uncompressed_size: int) -> bytes:
+    """A serialized `ChunkData` whose `data.tensors` are the serialized `tensors` (from `tensor`)."""
+    seq = b"\x08" + varint(episode_id) if episode_id else b""
+    if start:
+        seq += b"\x10" + varint(start)
+    if end:
+        seq += b"\x18" + varint(end)
+    if sparse:
+        seq += b"\x20\x01"
+    parts = [b"\x08", varint(chunk_key)] if chunk_key else []
+    parts += [b"\x12", varint(len(seq)), seq]
+    if delta_encoded:
+        parts.append(b"\x20\x01")
+    data = []
+    for t in tensors:
+        data += [b"\x0a", varint(len(t)), t]
+    data = b"".join(data)
+    parts += [b"\x2a", varint(len(data)), data]
+    if tensors:
+        parts += [b"\x30", varint(len(tensors))]
+    if uncompressed_size:
+        parts += [b"\x38", varint(uncompressed_size)]
+    return b"".join(parts)

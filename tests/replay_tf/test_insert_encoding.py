@@ -1,0 +1,64 @@
+"""The writer's hand-assembled InsertStream bytes (`wire._raw`, `_grpc_insert`) equal what the generated
+protobuf classes serialize for the same chunks and items, field for field and byte for byte."""
+import numpy as np
+import pytest
+
+from replay_tf import _grpc_insert
+from replay_tf.core import chunk_store as cs
+from replay_tf.wire import _raw
+from replay_tf.wire import codec
+from replay_tf.wire import reverb_service_pb2
+
+
+def _chunks(key, tensors, sequence_range, delta):
+    return [cs.Chunk(key, list(tensors), sequence_range, delta_encoded=delta) for _ in range(2)]
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int32, np.int64, np.float16, np.float32, np.float64, np.bool_,
+                                   np.complex64])
+@pytest.mark.parametrize("shape", [(1,), (3,), (3, 2), (3, 10, 10), (2, 0, 5)])
+@pytest.mark.parametrize("delta", [False, True])
+def test_numeric_chunks_serialize_as_protobuf_does(dtype, shape, delta):
+    rng = np.random.default_rng(sum(shape))
+    array = (rng.random(shape) * 200).astype(dtype)
+    second = array[..., :1] if array.ndim > 1 else array
+    for key, sequence_range in [(1, cs.SequenceRange(0, 0, shape[0] - 1)),
+                                (2**64 - 1, cs.SequenceRange(2**63 + 5, 7, 6 + shape[0], True))]:
+        fast, reference = _chunks(key, [array, second], sequence_range, delta)
+        expected = codec.chunk_to_proto(reference).SerializeToString()
+        assert _grpc_insert._serialized_chunk(fast) == expected
+        assert fast.encoded == (sequence_range.end, expected)  # cached as codec.serialized_chunk caches it
+        np.testing.assert_array_equal(codec._decode_serialized(expected)[0], array)
+
+
+@pytest.mark.parametrize("strings", [np.array([b"t0", b""], dtype=object), np.array([b"ab", b"c"])])
+def test_string_chunks_take_the_general_path(strings):
+    fast, reference = _chunks(3, [np.zeros((2, 2), np.float32), strings], cs.SequenceRange(1, 0, 1), False)
+    assert _grpc_insert._serialized_chunk(fast) == codec.chunk_to_proto(reference).SerializeToString()
+
+
+def test_request_items_and_keep_keys_serialize_as_protobuf_does():
+    c1 = cs.Chunk(5, [np.zeros((3, 2), np.float32)], cs.SequenceRange(1, 0, 2))
+    c2 = cs.Chunk(2**64 - 1, [np.zeros((4, 2), np.float32), np.zeros((4,), np.int32)], cs.SequenceRange(1, 3, 6))
+    trajectories = [
+        ((cs.Column((cs.ChunkSlice(5, 1, 2, 0), cs.ChunkSlice(2**64 - 1, 0, 3, 1)), False),
+          cs.Column((cs.ChunkSlice(5, 0, 1, 0),), True)), [c1, c2]),
+        ((cs.Column((cs.ChunkSlice(5, 0, 3, 0),), False),), [c1]),
+    ]
+    for trajectory, chunks in trajectories:
+        for priority in [0.0, -0.0, 1.5, float("inf")]:
+            for key, inserted_at in [(0, 0), (77, 1), (78, 10**18 + 7)]:
+                for table in ["", "t", "täble" * 40]:
+                    item = cs.Item(key, priority, trajectory, chunks, inserted_at=inserted_at)
+                    request = reverb_service_pb2.InsertStreamRequest()
+                    proto = request.items.add(key=key, table=table, priority=priority)
+                    if inserted_at:
+                        proto.inserted_at.seconds, proto.inserted_at.nanos = divmod(inserted_at, 10**9)
+                    codec.trajectory_to_proto(item.trajectory, proto.flat_trajectory)
+                    request.keep_chunk_keys.extend([5, 2**64 - 1, 0])
+                    got = (_raw.request_item(key, _raw.table_field(table) if table else b"", item.priority,
+                                             inserted_at, _raw.flat_trajectory(item.trajectory))
+                           + _raw.keep_chunk_keys([5, 2**64 - 1, 0]))
+                    assert got == request.SerializeToString(), (trajectory, priority, key, table)
+    assert _raw.keep_chunk_keys([]) == b""
+    assert _raw.request_chunk(b"xyz") == b"\x0a\x03xyz"

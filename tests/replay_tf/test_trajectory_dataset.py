@@ -377,3 +377,78 @@ def test_doctests():
     from replay_tf import trajectory_dataset
     failures, _ = doctest.testmod(trajectory_dataset, raise_on_error=False, verbose=False)
     assert failures == 0
+
+
+def _sample_response(entries):
+    """A SampleStreamResponse of `entries`: (item key or None, chunks, end_of_sequence, trajectory columns)."""
+    from replay_tf.core import chunk_store
+    from replay_tf.wire import codec
+    from replay_tf.wire import reverb_service_pb2
+    response = reverb_service_pb2.SampleStreamResponse()
+    for key, chunks, end, columns in entries:
+        entry = response.entries.add(end_of_sequence=end)
+        if key is not None:
+            entry.info.item.key = key
+            entry.info.item.priority = 0.5
+            entry.info.item.times_sampled = 3
+            entry.info.probability = 0.25
+            entry.info.table_size = 4
+            for squeeze, slices in columns:
+                column = entry.info.item.flat_trajectory.columns.add(squeeze=squeeze)
+                for chunk_key, offset, length, index in slices:
+                    column.chunk_slices.add(chunk_key=chunk_key, offset=offset, length=length, index=index)
+        for chunk_key, episode, start, tensors in chunks:
+            chunk = chunk_store.Chunk(chunk_key, tensors, chunk_store.SequenceRange(episode, start,
+                                                                                   start + len(tensors[0]) - 1))
+            entry.data.append(codec.chunk_to_proto(chunk))
+    return response
+
+
+def _read_samples(*responses):
+    from replay_tf import _grpc_sample
+    stream = _grpc_sample.SampleStream.__new__(_grpc_sample.SampleStream)
+    partial, cache, out = [None], _grpc_sample._ChunkCache(), []
+    for response in responses:
+        out += stream._samples(response, partial, cache)
+    return out
+
+
+def test_remote_samples_are_built_from_slices_of_chunks_sent_over_several_entries():
+    a = [np.arange(6, dtype=np.int32).reshape(3, 2), np.array([1.5, 2.5, 3.5], np.float32)]
+    b = [np.arange(10, 14, dtype=np.int32).reshape(2, 2), np.array([4.5, 5.5], np.float32)]
+    columns = [(False, [(7, 2, 1, 0), (8, 0, 2, 0)]), (True, [(8, 1, 1, 1)])]
+    first = _sample_response([(11, [(7, 1, 0, a)], False, columns)])
+    second = _sample_response([(None, [(8, 1, 3, b)], True, None),  # the rest of sample 11, then sample 12
+                               (12, [(8, 1, 3, b)], True, [(True, [(8, 0, 1, 1)])])])
+    samples = _read_samples(first, second)
+    assert [s.item.key for s in samples] == [11, 12]
+    cols = samples[0].item.column_arrays()
+    assert cols[0].tolist() == [[4, 5], [10, 11], [12, 13]] and cols[0].dtype == np.int32
+    assert cols[1].tolist() == 5.5 and cols[1].dtype == np.float32
+    assert samples[1].item.column_arrays()[0].tolist() == 4.5
+    assert (samples[0].priority, samples[0].times_sampled, samples[0].probability, samples[0].table_size) == (
+        0.5, 3, 0.25, 4)
+    assert samples[0].item.times_sampled == 3 and samples[0].item.priority == 0.5
+    assert samples[0].item.chunks[8] is samples[1].item.chunks[8]  # decoded once per call
+
+
+@pytest.mark.parametrize("columns,error", [
+    ([(False, [(9, 0, 1, 0)])], r"sampled item 11 refers to chunk 9, which the server did not send with it"),
+    ([(False, [(7, 2, 2, 0)])], r"sampled item 11: slice \[2, 4\) of tensor 0 is out of chunk 7's 1 tensors "
+                                r"of 3 rows"),
+    ([(False, [(7, 0, 1, 1)])], r"slice \[0, 1\) of tensor 1 is out of chunk 7's 1 tensors"),
+    ([(False, [(7, 0, 0, 0)])], r"slice \[0, 0\) of tensor 0 is out of"),
+    ([(False, [(7, 0, 1, 0)]), (False, [])], r"sampled item 11 has a column without chunk slices"),
+    ([], r"sampled item 11 has no columns"),
+])
+def test_remote_samples_with_bad_trajectories_name_the_item_and_slice(columns, error):
+    from replay_tf import errors
+    chunk = (7, 1, 0, [np.zeros([3, 2], np.int32)])
+    with pytest.raises(errors.ReverbError, match=error):
+        _read_samples(_sample_response([(11, [chunk], True, columns)]))
+
+
+def test_remote_sample_data_before_its_info_is_an_error():
+    from replay_tf import errors
+    with pytest.raises(errors.ReverbError, match=r"SampleStream sent sample data before its info"):
+        _read_samples(_sample_response([(None, [(7, 1, 0, [np.zeros([3], np.int32)])], True, None)]))

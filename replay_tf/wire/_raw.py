@@ -220,3 +220,64 @@ def chunk_data(chunk_key: int, episode_id: int, start: int, end: int, sparse: bo
     if uncompressed_size:
         parts += [b"\x38", varint(uncompressed_size)]
     return b"".join(parts)
+
+
+def split_insert_request(raw: bytes):
+    """`(chunks, rest)` of a serialized `InsertStreamRequest`: each `chunks` element (field 1) as its own
+    serialized `ChunkData`, and the other fields, in order, as bytes; None if `raw` is not well-formed at
+    the top level (the caller parses it the usual way to report why).
+
+    The server keeps a received chunk in its serialized form: slicing it out of the request spares parsing
+    the request's chunks into one message and serializing each again.
+    """
+    chunks = []
+    rest = []
+    pos = 0
+    end = len(raw)
+    try:
+        while pos < end:
+            start = pos
+            tag = shift = 0
+            while True:
+                byte = raw[pos]
+                pos += 1
+                tag |= (byte & 0x7F) << shift
+                shift += 7
+                if not byte & 0x80:
+                    break
+                if shift > 63:
+                    return None
+            wire_type = tag & 7
+            if wire_type == 2:
+                length = shift = 0
+                while True:
+                    byte = raw[pos]
+                    pos += 1
+                    length |= (byte & 0x7F) << shift
+                    shift += 7
+                    if not byte & 0x80:
+                        break
+                    if shift > 63:
+                        return None
+                value_start, pos = pos, pos + length
+                if pos > end:
+                    return None
+                if tag == 0x0a:
+                    chunks.append(raw[value_start:pos])
+                    continue
+            elif wire_type == 0:
+                while raw[pos] & 0x80:
+                    pos += 1
+                pos += 1
+            elif wire_type == 1:
+                pos += 8
+            elif wire_type == 5:
+                pos += 4
+            else:
+                return None
+            if pos > end or tag >> 3 == 0:
+                return None
+            rest.append(raw[start:pos])
+    except IndexError:
+        return None
+    return chunks, b"".join(rest)

@@ -162,8 +162,8 @@ class SampleStream:
 
     @staticmethod
     def _chunk(proto: schema_pb2.ChunkData, cache, decode=codec.decode_tensor) -> tuple:
-        """`(chunk, rows, tensors)` for `proto`: its decoded chunk (decoded once per call), its number of
-        rows and of tensors (for the bounds checks of `_sampled_item`)."""
+        """`(chunk, rows, tensors, nbytes)` for `proto`: its decoded chunk (decoded once per call), its
+        number of rows and of tensors (for the bounds checks of `_sampled_item`) and its decoded bytes."""
         r = proto.sequence_range
         key, end = proto.chunk_key, r.end
         # A chunk of one key may have grown (in-process writers' open chunks): key the cache by its rows too.
@@ -178,8 +178,8 @@ class SampleStream:
         encoded = proto.data.tensors if proto.HasField("data") else proto.deprecated_data
         # (indexing a repeated field costs a fraction of iterating over it)
         tensors = [decode(encoded[i], delta_encoded=delta) for i in range(len(encoded))]
-        chunk = chunk_store_lib.Chunk(key, tensors, chunk_store_lib.SequenceRange(r.episode_id, start, end, r.sparse),
-                                      delta_encoded=delta)
+        sequence_range = chunk_store_lib.SequenceRange(r.episode_id, start, end, r.sparse)
+        chunk = chunk_store_lib.Chunk(key, tensors, sequence_range, delta_encoded=delta)
         nbytes = 0
         for t in tensors:
             nbytes += t.nbytes

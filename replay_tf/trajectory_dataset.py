@@ -494,11 +494,15 @@ def _gather_column(items: list, i: int, out: np.ndarray) -> bool:
         views = [col[1].tensors[col[2]][col[3]:col[4]] for col in columns]
     else:
         views = []
+        append = views.append
         for col in columns:
-            parts = [col[j].tensors[col[j + 1]][col[j + 2]:col[j + 3]] for j in range(1, len(col), 4)]
-            if sum(len(p) for p in parts) != rows:
+            total = 0
+            for j in range(1, len(col), 4):
+                part = col[j].tensors[col[j + 1]][col[j + 2]:col[j + 3]]
+                total += len(part)
+                append(part)
+            if total != rows:
                 return False
-            views += parts
     try:
         # casting="no": a column of another dtype is an error, not a conversion
         np.concatenate(views, axis=0, out=target, casting="no")

@@ -452,3 +452,19 @@ def test_remote_sample_data_before_its_info_is_an_error():
     from replay_tf import errors
     with pytest.raises(errors.ReverbError, match=r"SampleStream sent sample data before its info"):
         _read_samples(_sample_response([(None, [(7, 1, 0, [np.zeros([3], np.int32)])], True, None)]))
+
+
+def test_remote_samples_with_columns_over_several_chunks_stack_into_batches():
+    a, b = np.arange(6, dtype=np.int32).reshape(3, 2), np.arange(10, 16, dtype=np.int32).reshape(3, 2)
+    chunks = [(7, 1, 0, [a]), (8, 1, 3, [b])]
+    samples = _read_samples(_sample_response([(11, chunks, True, [(False, [(7, 2, 1, 0), (8, 0, 2, 0)])]),
+                                              (12, chunks, True, [(False, [(7, 0, 2, 0), (8, 2, 1, 0)])])]))
+    dataset = reverb.TrajectoryDataset("localhost:1", "t", dtypes=tf.int32, shapes=tf.TensorShape([3, 2]),
+                                       max_in_flight_samples_per_worker=2)
+    batch = dataset._stack(samples)
+    assert batch.data.dtype == np.int32 and batch.info.key.tolist() == [11, 12]
+    assert batch.data.tolist() == [[[4, 5], [10, 11], [12, 13]], [[0, 1], [2, 3], [14, 15]]]
+    short = _read_samples(_sample_response([(13, chunks, True, [(False, [(7, 2, 1, 0), (8, 0, 1, 0)])])]))
+    with pytest.raises(ValueError, match=r"column '<root>' has dtype=int32 shape=\[2, 2\], but the dataset "
+                                         r"expects dtype=int32 shape=\(3, 2\)"):
+        dataset._stack(samples + short)

@@ -402,18 +402,17 @@ class ReverbServicer:
 
     def _apply_insert_requests(self, request_iterator, context, state: _InsertStreamState) -> None:
         held: dict = {}  # chunk key -> (Chunk, headers): this stream's chunks not yet owned by an item
-        validated: set = set()  # (table, *column (dtype, shape)) layouts that matched the table's signature
         try:
             for raw in request_iterator:
-                request, chunk_protos = self._parse_insert_request(raw)
-                if not chunk_protos and not request.items:
+                request = _parse(reverb_service_pb2.InsertStreamRequest, raw)
+                if not request.chunks and not request.items:
                     raise _StatusError(grpc.StatusCode.INVALID_ARGUMENT,
                                        "InsertStreamRequest must contain at least one chunk or item")
-                for chunk_proto, serialized in chunk_protos:
+                for chunk_proto in request.chunks:
                     if chunk_proto.chunk_key in held:
                         continue  # the first copy wins, as in Reverb
                     try:
-                        chunk, headers = codec.chunk_from_proto(chunk_proto, serialized)
+                        chunk, headers = codec.chunk_from_proto(chunk_proto)
                     except codec.ChunkDecodeError as e:
                         raise _StatusError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
                     stored = self._chunk_store.insert(chunk)
@@ -424,7 +423,7 @@ class ReverbServicer:
                     continue  # keep_chunk_keys only applies to requests with items
                 for item_proto in request.items:
                     entry = self._entry(item_proto.table)
-                    item = self._item(entry, item_proto, held, validated)
+                    item = self._item(entry, item_proto, held)
                     entry.inserts.put(item, state)
                 keep = set(request.keep_chunk_keys)
                 for key in [k for k in held if k not in keep]:
@@ -438,24 +437,6 @@ class ReverbServicer:
             held.clear()  # chunks no item refers to are freed with the stream
 
     @staticmethod
-    def _parse_insert_request(raw: bytes) -> tuple:
-        """`(request without its chunks, [(ChunkData, its serialized bytes), ...])` of an InsertStreamRequest.
-
-        Each chunk is parsed from its own bytes, sliced out of the request, and keeps them as its stored
-        form (nothing is serialized again); a malformed request is reported as parsing it whole reports it.
-        """
-        split = _raw.split_insert_request(raw)
-        if split is not None:
-            try:
-                chunk_class = schema_pb2.ChunkData
-                chunks = [(chunk_class.FromString(data), data) for data in split[0]]
-                return reverb_service_pb2.InsertStreamRequest.FromString(split[1]), chunks
-            except (protobuf_message.DecodeError, TypeError, ValueError):
-                pass  # reported below, as for the whole request
-        request = _parse(reverb_service_pb2.InsertStreamRequest, raw)
-        return request, [(proto, None) for proto in request.chunks]
-
-    @staticmethod
     def _stored_headers(stored: chunk_store_lib.Chunk, received: chunk_store_lib.Chunk, headers: list) -> list:
         """Headers of the chunk that another stream (or a checkpoint) already stored under `received.key`.
 
@@ -467,8 +448,7 @@ class ReverbServicer:
             return headers
         return codec.chunk_from_proto(schema_pb2.ChunkData.FromString(serialized), serialized)[1]
 
-    def _item(self, entry: _TableEntry, proto: schema_pb2.PrioritizedItem, held: dict,
-              validated: Optional[set] = None) -> chunk_store_lib.Item:
+    def _item(self, entry: _TableEntry, proto: schema_pb2.PrioritizedItem, held: dict) -> chunk_store_lib.Item:
         """The core item of `proto`, validated against the stream's chunks (headers only, nothing decoded)
         and the table's signature."""
         key = proto.key
@@ -513,15 +493,7 @@ class ReverbServicer:
             resolved.append(tuple(flat))
             columns.append((dtype, shape if column.squeeze else (rows, *shape)))
         entry.table.check_priority(key, proto.priority)
-        if validated is None:
-            self._check_signature(entry, key, columns)
-        else:
-            # A stream's items mostly repeat a few column layouts: each is checked once per stream.
-            layout = (entry.name, *columns)
-            if layout not in validated:
-                self._check_signature(entry, key, columns)
-                if len(validated) < 1024:
-                    validated.add(layout)
+        self._check_signature(entry, key, columns)
         item = chunk_store_lib.Item.from_resolved(key, proto.priority, tuple(resolved), frozenset(episode_ids))
         item.times_sampled = proto.times_sampled  # taken from the request, as Reverb does
         return item

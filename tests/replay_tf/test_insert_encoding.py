@@ -62,25 +62,3 @@ def test_request_items_and_keep_keys_serialize_as_protobuf_does():
                     assert got == request.SerializeToString(), (trajectory, priority, key, table)
     assert _raw.keep_chunk_keys([]) == b""
     assert _raw.request_chunk(b"xyz") == b"\x0a\x03xyz"
-
-
-def test_split_insert_request_slices_chunks_and_keeps_the_other_fields():
-    request = reverb_service_pb2.InsertStreamRequest(keep_chunk_keys=[5, 2**64 - 1])
-    for key in (5, 2**64 - 1):
-        request.chunks.append(codec.chunk_to_proto(cs.Chunk(key, [np.arange(6, dtype=np.int64).reshape(3, 2)],
-                                                            cs.SequenceRange(1, 0, 2))))
-    request.items.add(key=9, table="t", priority=2.0).flat_trajectory.columns.add(squeeze=True)
-    raw = request.SerializeToString()
-    chunks, rest = _raw.split_insert_request(raw)
-    assert chunks == [c.SerializeToString() for c in request.chunks]
-    without_chunks = reverb_service_pb2.InsertStreamRequest()
-    without_chunks.CopyFrom(request)
-    del without_chunks.chunks[:]
-    assert reverb_service_pb2.InsertStreamRequest.FromString(rest) == without_chunks
-    # Fields in any order, and unknown fields, survive the split.
-    unknown = b"\x20\x07" + b"\x2d\x01\x02\x03\x04" + b"\x31" + bytes(8)
-    chunks2, rest2 = _raw.split_insert_request(unknown + raw[::1])
-    assert chunks2 == chunks and rest2 == unknown + rest
-    # Malformed at the top level: truncated length, field number 0, bad wire type.
-    for bad in [raw[:-1], b"\x0a\x05ab", b"\x02\x00", b"\x0f", b"\x08\xff"]:
-        assert _raw.split_insert_request(bad) is None, bad

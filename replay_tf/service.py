@@ -130,11 +130,6 @@ def _without_locals(error: BaseException) -> BaseException:
     return error
 
 
-# The confirmation sender waits this long after the first key for more (unless this many are ready).
-_CONFIRM_LINGER_S = 0.0005
-_CONFIRM_BATCH = 256
-
-
 class _InsertStreamState:
     """What an InsertStream's reader, its table queues and its sender share: keys to confirm, the first
     error, and how many of its items wait in table queues."""
@@ -383,14 +378,6 @@ class ReverbServicer:
                     cv.wait(_WAIT_SLICE_MS / 1000.0)
                     if not context.is_active():
                         return  # the reader sees the cancelled stream and ends too
-                if not (state.done or state.error is not None) and len(state.keys) < _CONFIRM_BATCH:
-                    # Let the reader apply a few more requests first: a response per item would cost the
-                    # reader's GIL time a gRPC send each (Reverb's clients send one item per request).
-                    cv.release()
-                    try:
-                        time.sleep(_CONFIRM_LINGER_S)
-                    finally:
-                        cv.acquire()
                 keys, state.keys = state.keys, []
                 error, done = state.error, state.done
             if keys:

@@ -255,6 +255,27 @@ def _fill_large(client, count: int, start: int) -> None:
                       priorities={"uniform": 1.0})
 
 
+def _kill_mid_write(pid: int, root: str, threshold: int) -> None:
+    """SIGKILLs `pid` once the checkpoint being written under `root` has `threshold` bytes of chunk records
+    (of ~48 MiB, written record by record): somewhere in the write, never after it (polled every 0.5 ms; a
+    timed sleep could outlast a fast write)."""
+    deadline = time.monotonic() + _HANG_S
+    seen = None
+    while True:
+        partial = [n for n in os.listdir(root) if n.startswith(".partial-")]
+        if partial:
+            seen = partial[0]
+            try:
+                if os.path.getsize(os.path.join(root, seen, checkpointing._CHUNKS_FILE)) >= threshold:
+                    break
+            except FileNotFoundError:
+                pass
+        assert not (seen and not partial), "the checkpoint completed before reaching the kill threshold"
+        assert time.monotonic() < deadline, "the checkpoint never started"
+        time.sleep(0.0005)
+    os.kill(pid, signal.SIGKILL)
+
+
 def test_server_killed_while_writing_a_checkpoint_restores_the_previous_one(tmp_path):
     root = str(tmp_path / "ckpt")
     server = Proc("serve", {"tables": "checkpoint", "checkpoint_dir": root}, str(tmp_path), "server")
@@ -268,10 +289,7 @@ def test_server_killed_while_writing_a_checkpoint_restores_the_previous_one(tmp_
         first = client.checkpoint()
         _fill_large(client, 48, start=100)  # ~48 MiB to write
         writing, outcome = _in_thread(client.checkpoint)
-        _wait_for(lambda: any(n.startswith(".partial-") for n in os.listdir(root)) or not writing.is_alive(),
-                  "the checkpoint never started")
-        time.sleep(random.uniform(0.0, 0.05))  # somewhere in the write
-        os.kill(server.pid, signal.SIGKILL)
+        _kill_mid_write(server.pid, root, threshold=int(random.uniform(1, 24) * (1 << 20)))
         writing.join(_HANG_S)
         assert not writing.is_alive() and "error" in outcome, outcome
     finally:

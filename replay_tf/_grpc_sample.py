@@ -185,10 +185,8 @@ class SampleStream:
             nbytes += t.nbytes
         entry = cache[cache_key] = (chunk, end - start + 1, len(tensors), nbytes)
         cache.nbytes += nbytes
-        if len(cache) > common.CHUNK_CACHE_SIZE or cache.nbytes > common.CHUNK_CACHE_BYTES:
-            while len(cache) > 1 and (len(cache) > common.CHUNK_CACHE_SIZE
-                                      or cache.nbytes > common.CHUNK_CACHE_BYTES):
-                cache.nbytes -= cache.popitem(last=False)[1][3]
+        while len(cache) > 1 and (len(cache) > common.CHUNK_CACHE_SIZE or cache.nbytes > common.CHUNK_CACHE_BYTES):
+            cache.nbytes -= cache.popitem(last=False)[1][3]
         return entry
 
     def _samples(self, response, partial: list, cache) -> list:

@@ -130,19 +130,27 @@ _TAG_SLICE = b"\x0a"               # FlatTrajectory.Column.chunk_slices = 1
 _SQUEEZE = b"\x10\x01"             # FlatTrajectory.Column.squeeze = 2, true
 
 
+def _four_varint_fields(first: int, second: int, third: int, fourth: int) -> bytes:
+    """Fields 1-4 of a message made only of varint fields (bools as 0/1), zeros left out as in proto3:
+    `ChunkSlice` (chunk_key, offset, length, index) and `SequenceRange` (episode_id, start, end, sparse).
+    Written out rather than looped: it runs for every slice and chunk a writer sends."""
+    out = b"\x08" + varint(first) if first else b""
+    if second:
+        out += b"\x10" + varint(second)
+    if third:
+        out += b"\x18" + varint(third)
+    if fourth:
+        out += b"\x20" + varint(fourth)
+    return out
+
+
 def flat_trajectory(trajectory) -> bytes:
     """A serialized `FlatTrajectory` of a core trajectory (`Column`s of `(chunk_key, offset, length, index)`)."""
     parts = []
     for column in trajectory:
         body = []
         for chunk_key, offset, length, index in column.slices:
-            s = b"\x08" + varint(chunk_key) if chunk_key else b""
-            if offset:
-                s += b"\x10" + varint(offset)
-            if length:
-                s += b"\x18" + varint(length)
-            if index:
-                s += b"\x20" + varint(index)
+            s = _four_varint_fields(chunk_key, offset, length, index)
             body += [_TAG_SLICE, _ONE_BYTE[len(s)] if len(s) < 0x80 else varint(len(s)), s]
         if column.squeeze:
             body.append(_SQUEEZE)
@@ -199,13 +207,7 @@ def tensor(dtype: int, shape: tuple, content: bytes) -> bytes:
 def chunk_data(chunk_key: int, episode_id: int, start: int, end: int, sparse: bool, delta_encoded: bool,
                tensors: list, uncompressed_size: int) -> bytes:
     """A serialized `ChunkData` whose `data.tensors` are the serialized `tensors` (from `tensor`)."""
-    seq = b"\x08" + varint(episode_id) if episode_id else b""
-    if start:
-        seq += b"\x10" + varint(start)
-    if end:
-        seq += b"\x18" + varint(end)
-    if sparse:
-        seq += b"\x20\x01"
+    seq = _four_varint_fields(episode_id, start, end, int(sparse))
     parts = [b"\x08", varint(chunk_key)] if chunk_key else []
     parts += [b"\x12", varint(len(seq)), seq]
     if delta_encoded:

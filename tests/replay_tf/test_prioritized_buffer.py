@@ -1,6 +1,5 @@
 """PrioritizedReplayBuffer: sampling proportional to p**alpha (chi-square), weights, updates, bad input."""
 import doctest
-import threading
 
 import numpy as np
 import pytest
@@ -8,6 +7,8 @@ import tensorflow as tf
 
 import replay_tf
 from replay_tf.buffers import prioritized
+
+from buffer_testlib import adding_in_background
 
 # chi2.ppf(0.999, df): a correct sampler fails these with probability 0.001 (the seed is fixed anyway).
 CHI2_999 = {7: 24.3219, 11: 31.2641, 15: 37.6973, 23: 49.7282}
@@ -155,22 +156,9 @@ def test_checkpoint_round_trip_restores_priorities(tmp_path):
 def test_concurrent_readers_and_priority_updates_while_a_writer_adds():
     batch_size, max_length = 2, 4      # a tiny ring: the writer laps readers constantly
     rb = _filled(batch_size, max_length, max_length, alpha=1.0)
-    stop = threading.Event()
-    counter = tf.Variable(max_length - 1, dtype=tf.int64)
-
-    @tf.function(autograph=False)
-    def add_some():
-        for _ in range(20):  # unrolled while tracing: 20 adds per call without AutoGraph
-            step = counter.assign_add(1)
-            rb.add_batch({"step": tf.fill([batch_size], step), "segment": tf.range(batch_size, dtype=tf.int64)})
-
-    def writer():
-        while not stop.is_set():
-            add_some()
-
-    thread = threading.Thread(target=writer)
-    thread.start()
-    try:
+    items_for_step = lambda step: {"step": tf.fill([batch_size], step),  # noqa: E731
+                                   "segment": tf.range(batch_size, dtype=tf.int64)}
+    with adding_in_background(rb, items_for_step, last_step=max_length - 1) as counter:
         ds = rb.as_dataset(sample_batch_size=16, num_steps=3, num_parallel_calls=2)
         for data, info in ds.take(150):
             steps, segments, ids = data["step"].numpy(), data["segment"].numpy(), info.ids.numpy()
@@ -182,9 +170,6 @@ def test_concurrent_readers_and_priority_updates_while_a_writer_adds():
             assert ((weights > 0) & (weights <= 1 + 1e-6)).all(), weights
             # Priorities updated while the writer overwrites: ids of overwritten items are skipped.
             rb.update_priorities(info.ids, tf.cast(data["step"][:, 0] % 5, tf.float32) + 1.0)
-    finally:
-        stop.set()
-        thread.join()
     assert int(counter.numpy()) > 2 * max_length
     # The tree is still consistent after the concurrent updates: the stored window starts (the 2
     # oldest stored steps, 2 segments) are drawn exactly by their priorities.

@@ -1,13 +1,15 @@
 """UniformReplayBuffer: differential tests against tf-agents 0.19, the seed notebook, graph/XLA, bad input."""
 import collections
 import concurrent.futures
-import threading
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import replay_tf
 from replay_tf.buffers import uniform
+
+from buffer_testlib import adding_in_background
 
 # One driver, run against tf-agents 0.19 in the peer venv (RB = its TFUniformReplayBuffer) and against
 # replay_tf here; both record the same named outputs through `emit`. Every stored value encodes where it
@@ -422,27 +424,10 @@ def test_concurrent_readers_never_see_torn_windows():
     rb = replay_tf.UniformReplayBuffer(SPEC, batch_size=batch_size, max_length=max_length)
     for step in range(max_length):
         rb.add_batch(_items(step, batch_size))
-    stop = threading.Event()
-    counter = tf.Variable(max_length - 1, dtype=tf.int64)
-
-    @tf.function(autograph=False)
-    def add_some():
-        for _ in range(20):  # unrolled while tracing: 20 adds per call without AutoGraph
-            rb.add_batch(_items(counter.assign_add(1), batch_size))
-
-    def writer():
-        while not stop.is_set():
-            add_some()
-
-    thread = threading.Thread(target=writer)
-    thread.start()
-    try:
+    with adding_in_background(rb, lambda step: _items(step, batch_size), last_step=max_length - 1) as counter:
         ds = rb.as_dataset(sample_batch_size=16, num_steps=3, num_parallel_calls=2)
         for data, info in ds.take(150):
             _assert_consistent_windows(data, info.ids, batch_size)
-    finally:
-        stop.set()
-        thread.join()
     assert int(counter.numpy()) > 2 * max_length
 
 

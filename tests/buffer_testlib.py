@@ -1,0 +1,34 @@
+"""Test helpers shared by the in-graph buffer tests."""
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any, Callable, Iterator
+
+import tensorflow as tf
+
+
+@contextlib.contextmanager
+def adding_in_background(buffer, items_for_step: Callable[[tf.Tensor], Any], last_step: int) -> Iterator[tf.Variable]:
+    """While the block runs, a thread adds `items_for_step(step)` for steps `last_step + 1, ...` to `buffer`,
+    20 adds per traced call (so it laps readers of a small ring). Yields the step counter (the last step
+    added); the thread is stopped and joined when the block ends."""
+    counter = tf.Variable(last_step, dtype=tf.int64)
+    stop = threading.Event()
+
+    @tf.function(autograph=False)
+    def add_some():
+        for _ in range(20):  # unrolled while tracing: 20 adds per call without AutoGraph
+            buffer.add_batch(items_for_step(counter.assign_add(1)))
+
+    def writer():
+        while not stop.is_set():
+            add_some()
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        yield counter
+    finally:
+        stop.set()
+        thread.join()

@@ -41,7 +41,7 @@ import threading
 import zlib
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-from replay_tf import errors
+from replay_tf._writer_context import FlushAndCloseOnExit
 from replay_tf.client import Client
 
 Route = Callable[[int, int], int]
@@ -133,7 +133,7 @@ def _sharded_client(server_addresses: Sequence[str], route: Union[str, Route]) -
     return ShardedClient(server_addresses, route=route)
 
 
-class ShardedWriter:
+class ShardedWriter(FlushAndCloseOnExit):
     """A writer (trajectory or structured) routing whole episodes to one of several servers.
 
     Create it with `ShardedClient.trajectory_writer` or `ShardedClient.structured_writer`.
@@ -165,16 +165,6 @@ class ShardedWriter:
             if writer is self._current:
                 return self._clients[shard].server_address
         raise AssertionError("the current writer is not one of the shards")  # unreachable
-
-    # --- context manager ---
-
-    def __enter__(self) -> "ShardedWriter":
-        return self
-
-    def __exit__(self, exc_type, exc_value, tb) -> None:
-        if exc_type is None or not issubclass(exc_type, errors.ReverbError):
-            self.flush()
-        self.close()
 
     # --- the wrapped writer's interface, on the current episode's writer ---
 

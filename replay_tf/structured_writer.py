@@ -28,6 +28,7 @@ from typing import Any, Dict, Optional, Sequence
 import tree
 
 from replay_tf import errors
+from replay_tf._writer_context import FlushAndCloseOnExit
 from replay_tf.core.chunk_store import Item
 from replay_tf._column_chunker import _ColumnChunker, _new_key, to_array
 from replay_tf.trajectory_writer import _path_str
@@ -59,7 +60,7 @@ __all__ = [
 ]
 
 
-class StructuredWriter:
+class StructuredWriter(FlushAndCloseOnExit):
     """Applies pattern `configs` to every appended step and inserts the items they produce.
 
     Create it with `Client.structured_writer(configs)`. Only the columns some config reads are stored, and
@@ -81,14 +82,6 @@ class StructuredWriter:
         self._step_in_episode = 0
         self._step_open = False
         self._episode_id = _new_key()
-
-    def __enter__(self) -> "StructuredWriter":
-        return self
-
-    def __exit__(self, exc_type, exc_value, tb) -> None:
-        if exc_type is None or not issubclass(exc_type, errors.ReverbError):
-            self.flush()
-        self.close()
 
     @property
     def step_is_open(self) -> bool:

@@ -42,6 +42,7 @@ import numpy as np
 import tree
 
 from replay_tf import errors
+from replay_tf._writer_context import FlushAndCloseOnExit
 from replay_tf._column_chunker import _CellRef, _ColumnChunker, _new_key, to_array
 from replay_tf.core.chunk_store import Chunk, Item
 from replay_tf.core.table import _shape_compatible, _signature_entries
@@ -225,7 +226,7 @@ def _path_str(path: tuple) -> str:
     return "".join(f"[{p!r}]" for p in path) if path else "<root>"
 
 
-class TrajectoryWriter:
+class TrajectoryWriter(FlushAndCloseOnExit):
     """Reverb's `TrajectoryWriter` (create with `Client.trajectory_writer`).
 
     Args:
@@ -256,16 +257,6 @@ class TrajectoryWriter:
         self._episode_ids_cache: Dict[frozenset, frozenset] = {}
         self._unsent: collections.deque = collections.deque()  # (table, item) waiting for final chunks
         self._closed = False
-
-    # --- context manager ---
-
-    def __enter__(self) -> "TrajectoryWriter":
-        return self
-
-    def __exit__(self, exc_type, exc_value, tb) -> None:
-        if exc_type is None or not issubclass(exc_type, errors.ReverbError):
-            self.flush()
-        self.close()
 
     # --- properties ---
 

@@ -12,6 +12,7 @@ from typing import Optional
 import grpc
 
 from replay_tf import _grpc_common as common
+from replay_tf import _malloc
 from replay_tf import errors
 from replay_tf.core import chunk_store as chunk_store_lib
 from replay_tf.wire import _raw
@@ -65,6 +66,7 @@ class InsertStream:
 
     def _connect(self) -> None:
         """Opens a new call (lock held) and queues every unconfirmed item on it, in order."""
+        _malloc.keep_large_buffers_in_heap()  # requests are assembled into buffers of up to ~4 MiB
         old = self._connection
         if old is not None:
             old.queue.put(common.CLOSE)  # ends the old request generator if gRPC still iterates it

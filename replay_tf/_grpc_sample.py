@@ -9,6 +9,7 @@ from typing import Optional
 import grpc
 
 from replay_tf import _grpc_common as common
+from replay_tf import _malloc
 from replay_tf import errors
 from replay_tf.core import chunk_store as chunk_store_lib
 from replay_tf.core import table as table_lib
@@ -54,6 +55,7 @@ class SampleStream:
         return request.SerializeToString()
 
     def _open(self) -> None:
+        _malloc.keep_large_buffers_in_heap()  # every response is one buffer of up to ~2 MiB
         self._requests = queue.Queue()
         self._results = queue.Queue()
         requests, results = self._requests, self._results

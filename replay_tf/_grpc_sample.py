@@ -55,7 +55,7 @@ class SampleStream:
         return request.SerializeToString()
 
     def _open(self) -> None:
-        _malloc.keep_large_buffers_in_heap()  # every response is one buffer of up to ~2 MiB
+        _malloc.keep_large_buffers_in_heap()  # every response is one buffer of up to ~2 MiB (see _malloc)
         self._requests = queue.Queue()
         self._results = queue.Queue()
         requests, results = self._requests, self._results

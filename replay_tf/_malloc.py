@@ -1,18 +1,18 @@
-"""Keeps large message buffers in glibc's heap instead of fresh memory maps (Linux with glibc only).
+"""Keeps message-sized buffers in glibc's heap instead of fresh memory maps (Linux with glibc only).
 
 gRPC hands every message to Python as one `bytes` object: a 2 MiB `SampleStreamResponse` (Reverb's
-response size, ours too) or a multi-MiB insert request. glibc serves allocations above its mmap threshold
-(128 KiB) with a fresh memory map, which the kernel zero-fills page by page on first touch, and unmaps it
-again on free: ~512 page faults per 2 MiB message. glibc normally raises that threshold by itself once such
-a block is freed, but TensorFlow's generator datasets (which `TrajectoryDataset` uses) set
-`M_TRIM_THRESHOLD`, and setting that (or the mmap threshold, top pad or mmap count) turns the dynamic
-threshold off for the whole process. An
-Atari-like sample stream then spends about a third of its CPU time in page faults.
+response size, ours too) or an insert request of several MiB. glibc serves allocations above its mmap
+threshold (128 KiB) with a fresh memory map, which the kernel zero-fills page by page on first touch and
+unmaps again on free, and gives the top of its heap back to the system past its trim threshold: ~512 page
+faults per 2 MiB message. glibc normally raises both thresholds by itself once such a block is freed (the
+trim threshold to twice the mmap threshold), but TensorFlow's generator datasets (which `TrajectoryDataset`
+uses) set `M_TRIM_THRESHOLD` to 128 KiB, and setting it turns that adjustment off for the whole process:
+an Atari-like sample stream then spends about a quarter of its CPU time in page faults.
 
-`keep_large_buffers_in_heap()` sets the threshold to `MMAP_THRESHOLD_BYTES` once per process, which is
-where glibc's own dynamic threshold would have settled: blocks up to that size are reused from the heap
-(the top of the heap is still returned to the system as TensorFlow asked). Set the environment variable
-`REPLAY_TF_MALLOC_TUNING=0` to leave malloc alone.
+`keep_large_buffers_in_heap()` sets the thresholds where glibc's own adjustment would have put them for
+blocks of up to `MMAP_THRESHOLD_BYTES` (the process keeps at most `TRIM_THRESHOLD_BYTES` of free memory at
+the top of its heap instead of 128 KiB). Set the environment variable `REPLAY_TF_MALLOC_TUNING=0` to
+leave malloc alone.
 """
 from __future__ import annotations
 
@@ -22,27 +22,35 @@ import os
 import sys
 import threading
 
-MMAP_THRESHOLD_BYTES = 8 << 20  # above the 2 MiB responses and the ~4 MiB requests our writers assemble
-_M_MMAP_THRESHOLD = -3          # glibc's mallopt parameter number
+MMAP_THRESHOLD_BYTES = 8 << 20   # above the 2 MiB responses and the ~4 MiB requests our writers assemble
+TRIM_THRESHOLD_BYTES = 2 * MMAP_THRESHOLD_BYTES  # glibc's own rule for its dynamic thresholds
+_M_TRIM_THRESHOLD = -1  # glibc's mallopt parameter numbers
+_M_MMAP_THRESHOLD = -3
 
 _lock = threading.Lock()
-_done = False
+_mallopt = None
 
 
 def keep_large_buffers_in_heap() -> bool:
-    """Sets glibc's mmap threshold once per process; returns whether it is set (False elsewhere)."""
-    global _done
+    """Sets glibc's mmap and trim thresholds; returns whether they are set (False off glibc or opted out).
+
+    Called whenever a stream opens: TensorFlow sets its trim threshold when a generator dataset starts,
+    which may come after an earlier call. Two `mallopt` calls, a few microseconds.
+    """
+    global _mallopt
+    if os.environ.get("REPLAY_TF_MALLOC_TUNING", "1") == "0" or not sys.platform.startswith("linux"):
+        return False
     with _lock:
-        if _done:
-            return True
-        if os.environ.get("REPLAY_TF_MALLOC_TUNING", "1") == "0" or not sys.platform.startswith("linux"):
+        if _mallopt is None:
+            try:
+                mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
+            except (OSError, AttributeError):  # not glibc (musl has no mallopt)
+                _mallopt = False
+                return False
+            mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
+            mallopt.restype = ctypes.c_int
+            _mallopt = mallopt
+        if not _mallopt:
             return False
-        try:
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-            mallopt = libc.mallopt
-        except (OSError, AttributeError):  # not glibc (musl has no mallopt)
-            return False
-        mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
-        mallopt.restype = ctypes.c_int
-        _done = mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) == 1
-        return _done
+        return (_mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) == 1
+                and _mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES) == 1)

@@ -35,7 +35,10 @@ def remote_chunk_length(row_bytes: int, num_keep_alive_refs: int) -> int:
 
 
 def _new_key() -> int:
-    from replay_tf.client import new_key  # noqa: PLC0415  (client imports this module lazily)
+    """`replay_tf.client.new_key()` (a random uint64), bound on first use: client imports this module lazily."""
+    global _new_key
+    from replay_tf.client import new_key  # noqa: PLC0415
+    _new_key = new_key
     return new_key()
 
 
@@ -131,7 +134,8 @@ class _ColumnChunker:
         self._array[row] = value
         self._rows = row + 1
         self._last_step = step
-        chunk.sequence_range = SequenceRange(episode_id, self._start_step, step, self._sparse)
+        if self.open_chunks:  # a remote chunk is only read once final: `finalize` sets its range
+            chunk.sequence_range = SequenceRange(episode_id, self._start_step, step, self._sparse)
         ref = _CellRef(self, chunk, row, self.appended)
         self.appended += 1
         if self._rows == self.max_chunk_length:
@@ -145,6 +149,9 @@ class _ColumnChunker:
             return None
         if self._rows < len(self._array):
             chunk.tensors = [self._array[:self._rows].copy()]
+        if not self.open_chunks:
+            chunk.sequence_range = SequenceRange(chunk.sequence_range.episode_id, self._start_step,
+                                                 self._last_step, self._sparse)
         self.chunk = None
         self._array = None
         return chunk

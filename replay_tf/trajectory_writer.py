@@ -113,6 +113,10 @@ class _ColumnHistory:
         yield from self._refs
 
     def __getitem__(self, val) -> "TrajectoryColumn":
+        if type(val) is slice and val.stop is None and val.step is None and val.start is not None:
+            start = val.start
+            if -len(self._refs) <= start < 0:  # the usual `history[col][-n:]`: the last n refs, all kept
+                return TrajectoryColumn(self._refs[start:], path=self._path + (val,))
         path = self._path + (val,) if not isinstance(val, list) else self._path + (tuple(val),)
         if isinstance(val, (int, np.integer)):
             return TrajectoryColumn([self._index(int(val))], squeeze=True, path=path)
@@ -394,14 +398,17 @@ class TrajectoryWriter(FlushAndCloseOnExit):
 
     def create_item(self, table: str, priority: float, trajectory: Any) -> None:
         """Queues an item of `table` made of the `TrajectoryColumn`s in `trajectory` (does not block)."""
-        if type(trajectory) is dict and all(type(v) is TrajectoryColumn for v in trajectory.values()):
+        flat = None
+        if type(trajectory) is dict:
             flat = [trajectory[k] for k in sorted(trajectory)]  # tree.flatten's order for a flat dict
-        elif isinstance(trajectory, TrajectoryColumn):
-            flat = [trajectory]
-        else:
-            flat = tree.flatten(trajectory)
-        if not all(isinstance(col, TrajectoryColumn) for col in flat):
-            raise TypeError(f"All leaves of `trajectory` must be `TrajectoryColumn` but got {trajectory}")
+            for col in flat:
+                if type(col) is not TrajectoryColumn:
+                    flat = None
+                    break
+        if flat is None:
+            flat = [trajectory] if isinstance(trajectory, TrajectoryColumn) else tree.flatten(trajectory)
+            if not all(isinstance(col, TrajectoryColumn) for col in flat):
+                raise TypeError(f"All leaves of `trajectory` must be `TrajectoryColumn` but got {trajectory}")
         if not flat:
             raise ValueError(f"trajectory must contain at least one TrajectoryColumn, got {trajectory}")
         priority = float(priority)
@@ -410,6 +417,7 @@ class TrajectoryWriter(FlushAndCloseOnExit):
         entries = self._signature_for(table)
         columns = []
         episode_ids = set()
+        final = True  # every chunk the item uses is final (a chunk is open while its chunker still holds it)
         for i, col in enumerate(flat):
             refs = col._data_references
             if not refs:
@@ -425,8 +433,10 @@ class TrajectoryWriter(FlushAndCloseOnExit):
                     self._expired(table, i, first_ref)
                 columns.append((col.is_squeezed, chunk, 0, first_ref.row, last_ref.row + 1))
                 episode_ids.add(chunk.sequence_range.episode_id)
+                final = final and first.chunk is not chunk
             else:
                 columns.append((col.is_squeezed, *self._slices(table, i, refs, episode_ids)))
+                final = final and all(ref.column.chunk is not ref.chunk for ref in refs)
             if entries is not None and i < len(entries):
                 path, dtype, shape, spec = entries[i]
                 got = first.shape if col.is_squeezed else (len(refs), *first.shape)
@@ -442,7 +452,7 @@ class TrajectoryWriter(FlushAndCloseOnExit):
         # Items of one episode share one frozenset object (fewer objects per item for the GC to scan).
         episode_ids = self._episode_ids_cache.setdefault(episode_ids, episode_ids)
         item = Item.from_resolved(_new_key(), priority, tuple(columns), episode_ids)
-        if self._open_chunks or (not self._unsent and all(self._is_final(c) for col in columns for c in col[1::4])):
+        if self._open_chunks or (not self._unsent and final):
             self._stream.send(table, item)
         else:
             self._unsent.append((table, item))
@@ -474,9 +484,6 @@ class TrajectoryWriter(FlushAndCloseOnExit):
         return tuple(v for sl in slices for v in sl)
 
     # --- chunk finalization (remote transports) ---
-
-    def _is_final(self, chunk: Chunk) -> bool:
-        return all(c is None or c.chunk is not chunk for c in self._chunkers)
 
     def _on_finalized(self, chunk: Optional[Chunk]) -> None:
         """Sends the queued items whose chunks are now all final, in order."""

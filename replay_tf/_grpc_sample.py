@@ -163,9 +163,15 @@ class SampleStream:
             return batch
 
     @staticmethod
-    def _chunk(proto: schema_pb2.ChunkData, cache, decode=codec.decode_tensor) -> tuple:
-        """`(chunk, rows, tensors, nbytes)` for `proto`: its decoded chunk (decoded once per call), its
-        number of rows and of tensors (for the bounds checks of `_sampled_item`) and its decoded bytes."""
+    def _chunk(proto: schema_pb2.ChunkData, cache, decode=codec.decode_tensor, pending=codec.pending_tensor
+               ) -> tuple:
+        """`(chunk, rows, tensors, nbytes)` for `proto`: its chunk (made once per call: a cache keyed by chunk
+        key and rows), its number of rows and of tensors (for the bounds checks of `_sampled_item`) and its
+        decoded bytes (what the cache counts).
+
+        A one-row chunk (Reverb's writers and ours send big steps one per chunk) stays encoded: every slice
+        of it is all of it, so `TrajectoryDataset` decodes it straight into its batch (its `tensors` decode
+        on first access otherwise). Longer chunks, whose slices overlap, are decoded now, once."""
         r = proto.sequence_range
         key, end = proto.chunk_key, r.end
         # A chunk of one key may have grown (in-process writers' open chunks): key the cache by its rows too.
@@ -175,17 +181,26 @@ class SampleStream:
             cache.move_to_end(cache_key)
             return entry
         start = r.start
+        rows = end - start + 1
         delta = proto.delta_encoded
         # (codec.decode_chunk_tensors, inlined: chunks from old checkpoints keep their tensors elsewhere)
         encoded = proto.data.tensors if proto.HasField("data") else proto.deprecated_data
-        # (indexing a repeated field costs a fraction of iterating over it)
-        tensors = [decode(encoded[i], delta_encoded=delta) for i in range(len(encoded))]
         sequence_range = chunk_store_lib.SequenceRange(r.episode_id, start, end, r.sparse)
-        chunk = chunk_store_lib.Chunk(key, tensors, sequence_range, delta_encoded=delta)
         nbytes = common.CHUNK_CACHE_ENTRY_BYTES
+        # (indexing a repeated field costs a fraction of iterating over it)
+        tensors = [pending(encoded[i], delta_encoded=delta) for i in range(len(encoded))] if rows == 1 else [None]
+        if None in tensors:
+            tensors = [decode(encoded[i], delta_encoded=delta) for i in range(len(encoded))]
+            chunk = chunk_store_lib.Chunk(key, tensors, sequence_range, delta_encoded=delta)
+        else:
+            for t in tensors:
+                if t.shape[:1] != (1,):
+                    raise errors.ReverbError(f"chunk {key} has 1 row but a tensor of shape {list(t.shape)}")
+            chunk = chunk_store_lib.Chunk(key, None, sequence_range, delta_encoded=delta, encoded=tensors,
+                                          decoder=_decode_pending)
         for t in tensors:
             nbytes += t.nbytes
-        entry = cache[cache_key] = (chunk, end - start + 1, len(tensors), nbytes)
+        entry = cache[cache_key] = (chunk, rows, len(tensors), nbytes)
         cache.nbytes += nbytes
         while len(cache) > 1 and (len(cache) > common.CHUNK_CACHE_SIZE or cache.nbytes > common.CHUNK_CACHE_BYTES):
             cache.nbytes -= cache.popitem(last=False)[1][3]
@@ -240,6 +255,10 @@ class _CallState:
 
 
 _REOPEN = object()  # the reader's marker: max_samples_per_stream reached, open a new call
+
+
+def _decode_pending(tensors: list) -> list:
+    return [t.decode() for t in tensors]
 
 
 def _sampled_item(key: int, priority: float, times_sampled: int, trajectory_proto,

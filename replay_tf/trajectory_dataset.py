@@ -34,6 +34,7 @@ import tensorflow as tf
 import tree
 
 from replay_tf import errors
+from replay_tf.wire import codec
 
 # How long (milliseconds) a blocked sampler waits before yielding control back to tf.data.
 _POLL_MS = 100
@@ -485,6 +486,9 @@ def _gather_column(items: list, i: int, out: np.ndarray) -> bool:
         if out.ndim < 2:
             return False
         rows, target = out.shape[1], out.reshape(n * out.shape[1], *out.shape[2:])
+    pending = codec.pending_tensors
+    if any(pending(col[j]) is not None for col in columns for j in range(1, len(col), 4)):
+        return _decode_column(columns, rows, target)
     if all(map((5).__eq__, map(len, columns))):  # every column is one slice
         if not squeeze:
             lengths = np.fromiter(map(_get_stop, columns), np.int64, n) - np.fromiter(map(_get_start, columns),
@@ -508,4 +512,33 @@ def _gather_column(items: list, i: int, out: np.ndarray) -> bool:
         np.concatenate(views, axis=0, out=target, casting="no")
     except (ValueError, TypeError):
         return False
+    return True
+
+
+def _decode_column(columns: list, rows: int, target: np.ndarray) -> bool:
+    """`_gather_column` for columns with chunks still encoded (one-row chunks of a remote sample stream):
+    each such chunk is decoded straight into its row of `target`, the rest copied from their tensors."""
+    pos = 0
+    for col in columns:
+        stop_row = pos + rows
+        for j in range(1, len(col), 4):
+            chunk, index, start, stop = col[j], col[j + 1], col[j + 2], col[j + 3]
+            end = pos + stop - start
+            if end > stop_row:
+                return False
+            encoded = codec.pending_tensors(chunk)
+            if encoded is not None:
+                tensor = encoded[index]
+                part = target[pos:end]
+                if start != 0 or tensor.shape != part.shape or tensor.dtype != part.dtype:
+                    return False
+                tensor.decode_into(part)
+            else:
+                view = chunk.tensors[index][start:stop]
+                if view.shape[1:] != target.shape[1:] or view.dtype != target.dtype:
+                    return False
+                target[pos:end] = view
+            pos = end
+        if pos != stop_row:
+            return False
     return True

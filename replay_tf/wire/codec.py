@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Optional, Sequence
+from typing import Any, NamedTuple, Optional, Sequence
 
 import cramjam
 import numpy as np
@@ -39,11 +39,14 @@ from rlds_tf import _structure_coder as structure_coder
 
 __all__ = [
     "ChunkDecodeError",
+    "PendingTensor",
     "chunk_from_proto",
     "chunk_to_proto",
     "decode_chunk_tensors",
     "decode_signature",
     "decode_tensor",
+    "pending_tensor",
+    "pending_tensors",
     "dtype_enum",
     "encode_signature",
     "encode_tensor",
@@ -161,20 +164,62 @@ def decode_tensor(proto, *, delta_encoded: bool = False) -> np.ndarray:
     if header is None:
         return _decode_tensor(proto, delta_encoded)
     dtype, shape, expected, delta = header
-    content = proto.tensor_content
     out = np.empty(shape, dtype=dtype)
+    _decode_into(proto.tensor_content, out, expected, delta_encoded and delta)
+    return out
+
+
+class PendingTensor(NamedTuple):
+    """A numeric chunk tensor kept as received, decoded when (and where) it is needed.
+
+    `dtype` and `shape` are the decoded array's; `delta` says whether prefix sums undo a delta encoding.
+    """
+    dtype: np.dtype
+    shape: tuple
+    nbytes: int
+    delta: bool
+    content: bytes
+
+    def decode(self) -> np.ndarray:
+        out = np.empty(self.shape, dtype=self.dtype)
+        _decode_into(self.content, out, self.nbytes, self.delta)
+        return out
+
+    def decode_into(self, out: np.ndarray) -> None:
+        """Decodes into `out`, a C-contiguous array of exactly this dtype and shape (the caller checks)."""
+        _decode_into(self.content, out, self.nbytes, self.delta)
+
+
+def pending_tensor(proto, *, delta_encoded: bool = False) -> Optional[PendingTensor]:
+    """`proto` as a `PendingTensor` when its header was seen before (else None: use `decode_tensor`, which
+    checks and remembers headers). Only the content is copied; nothing is decompressed."""
+    header = _HEADERS.get((proto.dtype, proto.tensor_shape.SerializeToString()))
+    if header is None:
+        return None
+    dtype, shape, expected, delta = header
+    return PendingTensor(dtype, shape, expected, delta_encoded and delta, proto.tensor_content)
+
+
+def pending_tensors(chunk: chunk_store.Chunk) -> Optional[list]:
+    """The `PendingTensor`s of a chunk still held as received (see `pending_tensor`), else None."""
+    encoded = chunk.encoded
+    if chunk._tensors is None and type(encoded) is list:  # noqa: SLF001  (a decoded chunk has tensors)
+        return encoded
+    return None
+
+
+def _decode_into(content: bytes, out: np.ndarray, expected: int, delta: bool) -> None:
     try:
         # cramjam takes any contiguous buffer; one too small for the content raises.
         size = _decompress_raw_into(content, out)
     except Exception as e:  # cramjam raises its own DecompressionError type
         size = _decompressed_size(content, expected, e)
     if size != expected:
-        raise ChunkDecodeError(f"chunk tensor of dtype {dtype.name} and shape {list(shape)} needs {expected} "
-                               f"bytes, its content decompresses to {size}")
-    if delta_encoded and delta:
-        unsigned = out.view(_UNSIGNED_VIEW[dtype.itemsize])
+        raise ChunkDecodeError(f"chunk tensor of dtype {out.dtype.name} and shape {list(out.shape)} needs "
+                               f"{expected} bytes, its content decompresses to {size}")
+    if delta:
+        unsigned = out.view(_UNSIGNED_VIEW[out.dtype.itemsize])
         np.cumsum(unsigned, axis=0, dtype=unsigned.dtype, out=unsigned)
-    return out
 
 
 _decompress_raw_into = cramjam.snappy.decompress_raw_into

@@ -163,7 +163,7 @@ class InsertStream:
             entry = table = item = columns = column = chunk = data = None
             # Every sent chunk still alive may be used by a later item: the server must keep it.
             chunks += items
-            chunks.append(_raw.keep_chunk_keys(list(sent.keys())))
+            chunks.append(_raw.keep_chunk_keys(list(sent.keys()), key_fields))
             request = b"".join(chunks)
             chunks = items = None
             yield request

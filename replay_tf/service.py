@@ -147,9 +147,10 @@ class _InsertStreamState:
     def active(self) -> bool:
         return self._context.is_active()
 
-    def confirm(self, key: int) -> None:
+    def confirm(self, keys: list) -> None:
+        """Hands `keys` (inserted items) to the sender, which confirms them in one response."""
         with self.cv:
-            self.keys.append(key)
+            self.keys += keys
             self.cv.notify_all()
 
     def queued(self) -> None:
@@ -195,7 +196,9 @@ class _InsertQueue:
     def __len__(self) -> int:
         return len(self._pending)
 
-    def put(self, item, stream: _InsertStreamState) -> None:
+    def put(self, item, stream: _InsertStreamState, confirmed: list) -> None:
+        """Inserts `item` now, appending its key to `confirmed` (the caller confirms a request's keys
+        together), or queues it; `confirmed` is then confirmed first, so that no key waits behind it."""
         with self._cv:
             if not self._pending:
                 try:
@@ -203,8 +206,11 @@ class _InsertQueue:
                 except errors.DeadlineExceededError:
                     pass  # rate-limited: queue it
                 else:
-                    stream.confirm(item.key)
+                    confirmed.append(item.key)
                     return
+            if confirmed:
+                stream.confirm(confirmed)
+                confirmed.clear()
             while len(self._pending) >= self.limit:  # back-pressure: the stream is not read meanwhile
                 self._cv.wait(_WAIT_SLICE_MS / 1000.0)
                 if not stream.active():
@@ -392,13 +398,15 @@ class ReverbServicer:
 
     def _apply_insert_requests(self, request_iterator, context, state: _InsertStreamState) -> None:
         held: dict = {}  # chunk key -> (Chunk, headers): this stream's chunks not yet owned by an item
+        confirmed: list = []  # keys inserted while applying the current request, confirmed together
         try:
             for raw in request_iterator:
                 request = _parse(reverb_service_pb2.InsertStreamRequest, raw)
-                if not request.chunks and not request.items:
+                chunk_protos, item_protos = request.chunks, request.items
+                if not chunk_protos and not item_protos:
                     raise _StatusError(grpc.StatusCode.INVALID_ARGUMENT,
                                        "InsertStreamRequest must contain at least one chunk or item")
-                for chunk_proto in request.chunks:
+                for chunk_proto in chunk_protos:
                     if chunk_proto.chunk_key in held:
                         continue  # the first copy wins, as in Reverb
                     try:
@@ -409,12 +417,17 @@ class ReverbServicer:
                     if stored is not chunk:
                         headers = self._stored_headers(stored, chunk, headers)
                     held[chunk.key] = (stored, headers)
-                if not request.items:
+                if not item_protos:
                     continue  # keep_chunk_keys only applies to requests with items
-                for item_proto in request.items:
-                    entry = self._entry(item_proto.table)
-                    item = self._item(entry, item_proto, held)
-                    entry.inserts.put(item, state)
+                try:
+                    for item_proto in item_protos:
+                        entry = self._entry(item_proto.table)
+                        item = self._item(entry, item_proto, held)
+                        entry.inserts.put(item, state, confirmed)
+                finally:
+                    if confirmed:
+                        state.confirm(confirmed)
+                        confirmed.clear()
                 keep = set(request.keep_chunk_keys)
                 for key in [k for k in held if k not in keep]:
                     del held[key]

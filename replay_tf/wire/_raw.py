@@ -7,6 +7,7 @@ the chunks. Only the few fields below are written; everything else goes through 
 from __future__ import annotations
 
 import struct
+from typing import Optional
 
 _DOUBLE = struct.Struct("<d")
 
@@ -211,11 +212,22 @@ def request_chunk(chunk: bytes) -> bytes:
     return _TAG_REQUEST_CHUNKS + varint(len(chunk)) + chunk
 
 
-def keep_chunk_keys(keys) -> bytes:
-    """`InsertStreamRequest.keep_chunk_keys` (packed), or nothing when there are none."""
+def keep_chunk_keys(keys, key_fields: Optional[dict] = None) -> bytes:
+    """`InsertStreamRequest.keep_chunk_keys` (packed), or nothing when there are none.
+
+    `key_fields` may hold `ChunkSlice.chunk_key` fields of keys (see `resolved_trajectory`): a key's varint
+    is taken from there (after the field's one-byte tag) instead of written again.
+    """
     if not keys:
         return b""
-    body = b"".join([varint(k) for k in keys])
+    if key_fields is None:
+        body = b"".join([varint(k) for k in keys])
+    else:
+        parts = []
+        for k in keys:
+            field = key_fields.get(k)
+            parts.append(field[1:] if field else varint(k))  # (key 0 has an empty field)
+        body = b"".join(parts)
     return _TAG_REQUEST_KEEP + varint(len(body)) + body
 
 

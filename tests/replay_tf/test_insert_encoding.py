@@ -63,6 +63,21 @@ def test_request_items_and_keep_keys_serialize_as_protobuf_does():
     assert _raw.request_chunk(b"xyz") == b"\x0a\x03xyz"
 
 
+@pytest.mark.parametrize("keys, cached", [
+    ([5, 2**64 - 1, 0, 300], [5, 2**64 - 1, 0, 300]),  # every key's ChunkSlice field cached (key 0: empty)
+    ([5, 2**64 - 1, 0, 300], [300]),                    # some cached
+    ([5, 2**64 - 1, 0, 300], []),                       # none (the cache was cleared)
+])
+def test_keep_chunk_keys_from_cached_key_fields(keys, cached):
+    key_fields: dict = {}
+    columns = ((False, *(v for k in cached for v in (cs.Chunk(k, [np.zeros((1,), np.int8)], cs.SequenceRange(1, 0, 0)),
+                                                    0, 0, 1))),) if cached else ()
+    _raw.resolved_trajectory(columns, key_fields)
+    assert sorted(key_fields) == sorted(cached)
+    expected = reverb_service_pb2.InsertStreamRequest(keep_chunk_keys=keys).SerializeToString()
+    assert _raw.keep_chunk_keys(keys, key_fields) == expected
+
+
 def test_resolved_trajectories_serialize_as_the_flat_trajectory():
     c0 = cs.Chunk(0, [np.zeros((2, 2), np.float32)], cs.SequenceRange(1, 0, 1))
     c1 = cs.Chunk(5, [np.zeros((300, 2), np.float32)], cs.SequenceRange(1, 0, 299))

@@ -119,6 +119,14 @@ def test_insert_confirms_keys_and_data_round_trips(channel, server):
     server.tables["t"].mutate_items(deletes=[30, 31])
 
 
+def test_items_of_one_request_are_confirmed_in_one_response(channel, server):
+    # A request's items inserted at once are confirmed together (one response per request, not per item).
+    items = [(60 + i, "t", [(22, i, 1)], True) for i in range(4)]
+    responses = _stream(channel, "InsertStream", [_request([_chunk(22, rows=4)], items)])
+    assert [list(reverb_service_pb2.InsertStreamResponse.FromString(r).keys) for r in responses] == [[60, 61, 62, 63]]
+    server.tables["t"].mutate_items(deletes=[60, 61, 62, 63])
+
+
 def test_chunks_of_failed_and_cancelled_streams_are_freed(channel, server):
     gc.collect()
     before = len(server.chunk_store)

@@ -620,12 +620,12 @@ class ReverbServicer:
             for field in self._chunk_fields(item):
                 chunk_size = len(field[1])
                 if pending and size + chunk_size > _RESPONSE_TARGET_BYTES:
-                    parts.append(_raw.entry(info, pending, False))
+                    parts += _raw.entry_parts(info, pending, False)
                     yield b"".join(parts)
                     parts, size, info, pending = [], 0, None, []
                 pending.append(field)
                 size += chunk_size
-            parts.append(_raw.entry(info, pending, True))
+            parts += _raw.entry_parts(info, pending, True)
             size += 64
             if size >= _RESPONSE_TARGET_BYTES:
                 yield b"".join(parts)

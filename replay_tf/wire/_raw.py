@@ -108,14 +108,19 @@ def entry(info: bytes | None, chunk_fields: list, end_of_sequence: bool) -> byte
 
     `chunk_fields` are `chunk_field` pairs.
     """
+    return b"".join(entry_parts(info, chunk_fields, end_of_sequence))
+
+
+def entry_parts(info: bytes | None, chunk_fields: list, end_of_sequence: bool) -> list:
+    """`entry` as the byte strings that make it up, for a response joined once (chunks are copied there
+    only: each join copies every chunk's bytes)."""
     parts = [_TAG_ENTRY_INFO, varint(len(info)), info] if info is not None else []
     for head, chunk in chunk_fields:
         parts.append(head)
         parts.append(chunk)
     if end_of_sequence:
         parts.append(_END_OF_SEQUENCE)
-    body = b"".join(parts)
-    return b"".join((_TAG_ENTRIES, varint(len(body)), body))
+    return [_TAG_ENTRIES, varint(sum(map(len, parts))), *parts]
 
 
 # --- InsertStream requests (the writer's hot path) ---

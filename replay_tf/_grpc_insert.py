@@ -126,13 +126,19 @@ class InsertStream:
             linger_until = time.monotonic() + common.LINGER_S
             if len(key_fields) > _MAX_KEY_FIELDS:
                 key_fields.clear()
+            in_request: dict = {}  # chunk key -> chunk, for the chunks this request's items use (a cheap check
+            # before the weak dictionary's: consecutive items share most of their chunks)
             while True:
                 table, item = entry
                 columns = item.resolved_columns  # (squeeze, chunk, index, start, stop, chunk, ...) per column
                 for column in columns:
                     for chunk in column[1::4]:
-                        if chunk.key not in sent:
-                            sent[chunk.key] = chunk
+                        chunk_key = chunk.key
+                        if chunk_key in in_request:
+                            continue
+                        in_request[chunk_key] = chunk
+                        if chunk_key not in sent:
+                            sent[chunk_key] = chunk
                             data = codec.serialized_chunk(chunk)
                             chunks.append(request_chunk(data))
                             size += len(data)
@@ -160,7 +166,7 @@ class InsertStream:
                     closing = True
                     break
             # Drop our own references so that only the writer decides which chunks stay alive.
-            entry = table = item = columns = column = chunk = data = None
+            entry = table = item = columns = column = chunk = data = in_request = None
             # Every sent chunk still alive may be used by a later item: the server must keep it.
             chunks += items
             chunks.append(_raw.keep_chunk_keys(list(sent.keys()), key_fields))

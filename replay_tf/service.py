@@ -71,6 +71,7 @@ DEFAULT_MAX_WORKERS = 64
 _RESPONSE_TARGET_BYTES = 2 << 20   # start a new SampleStreamResponse past this size (Reverb's 2 MiB)
 _FIRST_SAMPLE_BATCH = 64           # Reverb's flexible batches: 64 samples first, then doubling
 _MAX_SAMPLE_BATCH = 1024
+_MAX_CHECKED_LAYOUTS = 4096      # column layouts a stream remembers as matching their table's signature
 _WAIT_SLICE_MS = 250               # blocked inserts and samples check this often that their client is there
 
 _log = logging.getLogger(__name__)
@@ -397,8 +398,9 @@ class ReverbServicer:
                 return
 
     def _apply_insert_requests(self, request_iterator, context, state: _InsertStreamState) -> None:
-        held: dict = {}  # chunk key -> (Chunk, headers): this stream's chunks not yet owned by an item
+        held: dict = {}  # chunk key -> (Chunk, step headers, rows, episode id): this stream's chunks no item owns yet
         confirmed: list = []  # keys inserted while applying the current request, confirmed together
+        checked: set = set()  # (table, (dtype, shape) of each column) of this stream's items that matched
         try:
             for raw in request_iterator:
                 request = _parse(reverb_service_pb2.InsertStreamRequest, raw)
@@ -416,13 +418,15 @@ class ReverbServicer:
                     stored = self._chunk_store.insert(chunk)
                     if stored is not chunk:
                         headers = self._stored_headers(stored, chunk, headers)
-                    held[chunk.key] = (stored, headers)
+                    # Each tensor's header as (dtype, shape of one step); the chunk's rows and episode.
+                    held[chunk.key] = (stored, [(dtype, shape[1:]) for dtype, shape in headers],
+                                       stored.num_rows, stored.sequence_range.episode_id)
                 if not item_protos:
                     continue  # keep_chunk_keys only applies to requests with items
                 try:
                     for item_proto in item_protos:
                         entry = self._entry(item_proto.table)
-                        item = self._item(entry, item_proto, held)
+                        item = self._item(entry, item_proto, held, checked)
                         entry.inserts.put(item, state, confirmed)
                 finally:
                     if confirmed:
@@ -451,21 +455,24 @@ class ReverbServicer:
             return headers
         return codec.chunk_from_proto(schema_pb2.ChunkData.FromString(serialized), serialized)[1]
 
-    def _item(self, entry: _TableEntry, proto: schema_pb2.PrioritizedItem, held: dict) -> chunk_store_lib.Item:
+    def _item(self, entry: _TableEntry, proto: schema_pb2.PrioritizedItem, held: dict,
+              checked: set) -> chunk_store_lib.Item:
         """The core item of `proto`, validated against the stream's chunks (headers only, nothing decoded)
-        and the table's signature."""
+        and the table's signature (skipped for a column layout in `checked`, which it joins)."""
         key = proto.key
         resolved, columns, episode_ids = [], [], set()
-        if not proto.flat_trajectory.columns:
+        proto_columns = proto.flat_trajectory.columns
+        if not proto_columns:
             raise ValueError(f"item {key} for table '{proto.table}': the trajectory must not be empty")
-        for i, column in enumerate(proto.flat_trajectory.columns):
+        for i, column in enumerate(proto_columns):
             slices = column.chunk_slices
             if not slices:
                 raise ValueError(f"item {key}: column {i} has no chunk slices")
-            if column.squeeze and (len(slices) != 1 or slices[0].length != 1):
+            squeeze = column.squeeze
+            if squeeze and (len(slices) != 1 or slices[0].length != 1):
                 raise ValueError(f"item {key}: column {i} is squeezed, so it must be exactly one slice of "
                                  f"length 1, got {len(slices)} slices")
-            flat = [column.squeeze]
+            flat = [squeeze]
             dtype = shape = None
             rows = 0
             for s in slices:
@@ -477,27 +484,33 @@ class ReverbServicer:
                         f"Could not find sequence chunk {chunk_key}. Item {key} for table '{proto.table}' refers "
                         f"to a chunk that this stream does not hold (never sent, or not listed in the previous "
                         f"request's keep_chunk_keys)")
-                chunk, headers = found
-                if offset < 0 or length < 1 or offset + length > chunk.num_rows:
+                chunk, headers, num_rows, episode_id = found
+                if offset < 0 or length < 1 or offset + length > num_rows:
                     raise ValueError(f"item {key}: slice {(chunk_key, offset, length, index)} of column {i} is out "
-                                     f"of chunk {chunk_key}'s rows [0, {chunk.num_rows})")
+                                     f"of chunk {chunk_key}'s rows [0, {num_rows})")
                 if not 0 <= index < len(headers):
                     raise ValueError(f"item {key}: column {i} refers to tensor {index} of chunk {chunk_key}, "
                                      f"which has {len(headers)} tensors")
-                got_dtype, got_shape = headers[index]
+                got_dtype, got_step = headers[index]
                 if dtype is None:
-                    dtype, shape = got_dtype, got_shape[1:]
-                elif (got_dtype, got_shape[1:]) != (dtype, shape):
+                    dtype, shape = got_dtype, got_step
+                elif got_step != shape or (got_dtype is not dtype and got_dtype != dtype):
                     raise ValueError(f"item {key}: column {i} joins slices of different dtypes or shapes: "
-                                     f"{dtype.name}{list(shape)} and {got_dtype.name}{list(got_shape[1:])}")
+                                     f"{dtype.name}{list(shape)} and {got_dtype.name}{list(got_step)}")
                 rows += length
                 flat += (chunk, index, offset, offset + length)
-                episode_ids.add(chunk.sequence_range.episode_id)
+                episode_ids.add(episode_id)
             resolved.append(tuple(flat))
-            columns.append((dtype, shape if column.squeeze else (rows, *shape)))
-        entry.table.check_priority(key, proto.priority)
-        self._check_signature(entry, key, columns)
-        item = chunk_store_lib.Item.from_resolved(key, proto.priority, tuple(resolved), frozenset(episode_ids))
+            columns.append((dtype, shape if squeeze else (rows, *shape)))
+        priority = proto.priority
+        entry.table.check_priority(key, priority)
+        layout = (entry.name, *columns)
+        if layout not in checked:  # the signature check, once per column layout
+            self._check_signature(entry, key, columns)
+            if len(checked) >= _MAX_CHECKED_LAYOUTS:
+                checked.clear()
+            checked.add(layout)
+        item = chunk_store_lib.Item.from_resolved(key, priority, tuple(resolved), frozenset(episode_ids))
         item.times_sampled = proto.times_sampled  # taken from the request, as Reverb does
         return item
 

@@ -134,6 +134,9 @@ _TAG_REQUEST_KEEP = b"\x1a"        # InsertStreamRequest.keep_chunk_keys = 3 (pa
 _TAG_COLUMN = b"\x0a"              # FlatTrajectory.columns = 1
 _TAG_SLICE = b"\x0a"               # FlatTrajectory.Column.chunk_slices = 1
 _SQUEEZE = b"\x10\x01"             # FlatTrajectory.Column.squeeze = 2, true
+_OFFSET_FIELDS = [b"\x10" + bytes((i,)) for i in range(128)]  # ChunkSlice.offset = 2, values < 128
+_LENGTH_FIELDS = [b"\x18" + bytes((i,)) for i in range(128)]  # ChunkSlice.length = 3
+_INDEX_FIELDS = [b"\x20" + bytes((i,)) for i in range(128)]   # ChunkSlice.index = 4
 
 
 def _four_varint_fields(first: int, second: int, third: int, fourth: int) -> bytes:
@@ -181,17 +184,19 @@ def resolved_trajectory(columns: tuple, key_fields: dict) -> bytes:
             if s is None:
                 s = key_fields[chunk_key] = b"\x08" + varint(chunk_key) if chunk_key else b""
             index, start, stop = column[j + 1], column[j + 2], column[j + 3]
-            if start:  # ChunkSlice.offset = 2, length = 3, index = 4 (the rows [start, stop))
-                s += b"\x10" + varint(start)
-            if stop - start:
-                s += b"\x18" + varint(stop - start)
+            # ChunkSlice.offset = 2, length = 3, index = 4 (the rows [start, stop)); small values from tables.
+            if start:
+                s += _OFFSET_FIELDS[start] if 0 < start < 0x80 else b"\x10" + varint(start)
+            length = stop - start
+            if length:
+                s += _LENGTH_FIELDS[length] if 0 < length < 0x80 else b"\x18" + varint(length)
             if index:
-                s += b"\x20" + varint(index)
+                s += _INDEX_FIELDS[index] if 0 < index < 0x80 else b"\x20" + varint(index)
             body += [_TAG_SLICE, _ONE_BYTE[len(s)] if len(s) < 0x80 else varint(len(s)), s]
         if column[0]:
             body.append(_SQUEEZE)
         body = b"".join(body)
-        parts += [_TAG_COLUMN, varint(len(body)), body]
+        parts += [_TAG_COLUMN, _ONE_BYTE[len(body)] if len(body) < 0x80 else varint(len(body)), body]
     return b"".join(parts)
 
 
@@ -207,9 +212,11 @@ def request_item(key: int, table_field_bytes: bytes, priority: float, inserted_a
     if inserted_at_ns:
         parts.append(length_delimited(_TAG_ITEM_INSERTED_AT, timestamp(inserted_at_ns)))
     if trajectory:
-        parts += [_TAG_ITEM_TRAJECTORY, varint(len(trajectory)), trajectory]
+        size = len(trajectory)
+        parts += [_TAG_ITEM_TRAJECTORY, _ONE_BYTE[size] if size < 0x80 else varint(size), trajectory]
     body = b"".join(parts)
-    return b"".join((_TAG_REQUEST_ITEMS, varint(len(body)), body))
+    size = len(body)
+    return b"".join((_TAG_REQUEST_ITEMS, _ONE_BYTE[size] if size < 0x80 else varint(size), body))
 
 
 def request_chunk(chunk: bytes) -> bytes:

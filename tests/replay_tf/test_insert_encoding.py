@@ -88,6 +88,8 @@ def test_resolved_trajectories_serialize_as_the_flat_trajectory():
         ((cs.Column((cs.ChunkSlice(5, 0, 300, 0),), False), cs.Column((cs.ChunkSlice(5, 299, 1, 0),), True)), [c1]),
         ((cs.Column((cs.ChunkSlice(0, 0, 2, 0), cs.ChunkSlice(5, 200, 100, 0)), False),
           cs.Column((cs.ChunkSlice(2**64 - 1, 3, 1, 1),), False)), [c0, c1, c2]),
+        # A column of 40 slices: its serialized body is longer than 127 bytes (a 2-byte length).
+        ((cs.Column(tuple(cs.ChunkSlice(5, 7 * i, 1 + i % 3, 0) for i in range(40)), False),), [c1]),
     ]
     key_fields = {}  # shared across items, as the writer's encoder shares it
     for trajectory, chunks in trajectories * 2:

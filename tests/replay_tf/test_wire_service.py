@@ -2,6 +2,7 @@
 import gc
 import os
 import random
+import re
 import threading
 import time
 
@@ -125,6 +126,24 @@ def test_items_of_one_request_are_confirmed_in_one_response(channel, server):
     responses = _stream(channel, "InsertStream", [_request([_chunk(22, rows=4)], items)])
     assert [list(reverb_service_pb2.InsertStreamResponse.FromString(r).keys) for r in responses] == [[60, 61, 62, 63]]
     server.tables["t"].mutate_items(deletes=[60, 61, 62, 63])
+
+
+def test_each_column_layout_of_a_stream_is_checked_against_the_signature(channel, server):
+    # The service checks a layout once per stream: a later item with another layout is still refused.
+    requests = [_request([_chunk(23, rows=3)], [(70, "sig", [(23, 0, 2)], False), (71, "sig", [(23, 1, 2)], False)],
+                         keep=[23]),
+                _request([_chunk(24, rows=3, width=3)], [(72, "sig", [(24, 0, 2)], False)])]
+    call = channel.stream_stream(_PREFIX + "InsertStream", request_serializer=lambda b: b,
+                                 response_deserializer=lambda b: b)(iter(requests), timeout=20)
+    keys = []
+    with pytest.raises(grpc.RpcError) as info:
+        for raw in call:
+            keys += reverb_service_pb2.InsertStreamResponse.FromString(raw).keys
+    assert keys == [70, 71]
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert re.search(r"item 72 for table 'sig' does not match the table signature at column 'x'.*shape=\[2, 3\]",
+                     info.value.details())
+    server.tables["sig"].mutate_items(deletes=[70, 71])
 
 
 def test_chunks_of_failed_and_cancelled_streams_are_freed(channel, server):

@@ -109,7 +109,7 @@ class InsertStream:
     def _encode_requests(self, connection: _Connection):
         sent = connection.sent
         requests = connection.queue
-        request_item, request_chunk, trajectory_bytes = _raw.request_item, _raw.request_chunk, _raw.resolved_trajectory
+        request_item, chunk_head, trajectory_bytes = _raw.request_item, _raw.request_chunk_head, _raw.resolved_trajectory
         table_fields: dict = {}
         key_fields: dict = {}  # chunk key -> its serialized ChunkSlice.chunk_key field
         while True:
@@ -140,7 +140,7 @@ class InsertStream:
                         if chunk_key not in sent:
                             sent[chunk_key] = chunk
                             data = codec.serialized_chunk(chunk)
-                            chunks.append(request_chunk(data))
+                            chunks += (chunk_head(len(data)), data)  # (the chunk is copied once, by the join)
                             size += len(data)
                 table_field = table_fields.get(table)
                 if table_field is None:

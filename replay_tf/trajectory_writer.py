@@ -463,25 +463,29 @@ class TrajectoryWriter(FlushAndCloseOnExit):
                          f"older than num_keep_alive_refs={ref.column.num_keep_alive_refs} of column "
                          f"{ref.column.path})")
 
-    def _slices(self, table: str, i: int, refs: Sequence[_CellRef], episode_ids: set) -> tuple:
-        """Flat `(chunk, index, start, stop, ...)` of a column of any references (adjacent rows merged)."""
+    def _slices(self, table: str, i: int, refs: Sequence[_CellRef], episode_ids: set) -> list:
+        """Flat `[chunk, index, start, stop, ...]` of a column of any references (adjacent rows merged)."""
         first = refs[0].column
-        slices: list = []
+        oldest_kept = first.appended - first.num_keep_alive_refs  # refs of `first` before this seq expired
+        flat: list = []
         for ref in refs:
-            if ref.expired:
-                self._expired(table, i, ref)
-            if ref.column is not first and (ref.dtype != first.dtype or ref.shape != first.shape):
-                raise ValueError(f"Column {i} of the trajectory for table '{table}' mixes references of "
-                                 f"different dtypes or shapes: {first.dtype.name}{list(first.shape)} and "
-                                 f"{ref.dtype.name}{list(ref.shape)}")
-            chunk = ref.chunk
-            episode_ids.add(chunk.sequence_range.episode_id)
-            last = slices[-1] if slices else None
-            if last is not None and last[0] is chunk and last[3] == ref.row:
-                last[3] += 1  # the next row of the same chunk extends the slice
+            if ref.column is first:
+                if ref.seq < oldest_kept:
+                    self._expired(table, i, ref)
             else:
-                slices.append([chunk, 0, ref.row, ref.row + 1])
-        return tuple(v for sl in slices for v in sl)
+                if ref.expired:
+                    self._expired(table, i, ref)
+                if ref.dtype != first.dtype or ref.shape != first.shape:
+                    raise ValueError(f"Column {i} of the trajectory for table '{table}' mixes references of "
+                                     f"different dtypes or shapes: {first.dtype.name}{list(first.shape)} and "
+                                     f"{ref.dtype.name}{list(ref.shape)}")
+            chunk, row = ref.chunk, ref.row
+            if flat and flat[-4] is chunk and flat[-1] == row:
+                flat[-1] = row + 1  # the next row of the same chunk extends the slice
+            else:
+                flat += (chunk, 0, row, row + 1)
+                episode_ids.add(chunk.sequence_range.episode_id)
+        return flat
 
     # --- chunk finalization (remote transports) ---
 

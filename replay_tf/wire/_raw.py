@@ -221,7 +221,12 @@ def request_item(key: int, table_field_bytes: bytes, priority: float, inserted_a
 
 def request_chunk(chunk: bytes) -> bytes:
     """An `InsertStreamRequest.chunks` element (tag and length included) of a serialized `ChunkData`."""
-    return _TAG_REQUEST_CHUNKS + varint(len(chunk)) + chunk
+    return request_chunk_head(len(chunk)) + chunk
+
+
+def request_chunk_head(size: int) -> bytes:
+    """The tag and length of an `InsertStreamRequest.chunks` element of `size` bytes (the chunk follows)."""
+    return _TAG_REQUEST_CHUNKS + varint(size)
 
 
 def keep_chunk_keys(keys, key_fields: Optional[dict] = None) -> bytes:

@@ -66,7 +66,7 @@ class InsertStream:
 
     def _connect(self) -> None:
         """Opens a new call (lock held) and queues every unconfirmed item on it, in order."""
-        _malloc.keep_large_buffers_in_heap()  # requests are assembled into buffers of up to ~4 MiB
+        _malloc.keep_large_buffers_in_heap()  # requests are assembled into buffers of up to ~4 MiB (see _malloc)
         old = self._connection
         if old is not None:
             old.queue.put(common.CLOSE)  # ends the old request generator if gRPC still iterates it

@@ -1,7 +1,7 @@
 """Keeps message-sized buffers in glibc's heap instead of fresh memory maps (Linux with glibc only).
 
 gRPC hands every message to Python as one `bytes` object: a 2 MiB `SampleStreamResponse` (Reverb's
-response size, ours too) or an insert request of several MiB. glibc serves allocations above its mmap
+response size, ours too) or an insert request of up to ~4 MiB. glibc serves allocations above its mmap
 threshold (128 KiB) with a fresh memory map, which the kernel zero-fills page by page on first touch and
 unmaps again on free, and gives the top of its heap back to the system past its trim threshold: ~512 page
 faults per 2 MiB message. glibc normally raises both thresholds by itself once such a block is freed (the
@@ -11,8 +11,9 @@ an Atari-like sample stream then spends about a quarter of its CPU time in page 
 
 `keep_large_buffers_in_heap()` sets the thresholds where glibc's own adjustment would have put them for
 blocks of up to `MMAP_THRESHOLD_BYTES` (the process keeps at most `TRIM_THRESHOLD_BYTES` of free memory at
-the top of its heap instead of 128 KiB). Set the environment variable `REPLAY_TF_MALLOC_TUNING=0` to
-leave malloc alone.
+the top of its heap instead of 128 KiB). Remote client streams call it (their processes are the ones that
+run generator datasets); servers leave malloc alone, where glibc's adjustment still works. Set the
+environment variable `REPLAY_TF_MALLOC_TUNING=0` to leave malloc alone everywhere.
 """
 from __future__ import annotations
 
@@ -22,7 +23,10 @@ import os
 import sys
 import threading
 
-MMAP_THRESHOLD_BYTES = 8 << 20   # above the 2 MiB responses and the ~4 MiB requests our writers assemble
+# Above the ~2 MiB responses (and most of the <= ~4 MiB requests our writers assemble); no higher: heap
+# blocks this large, once freed, get reused for small long-lived objects and keep their pages resident
+# (8 MiB left a fuzzed server process ~40 MiB above its warm level after malloc_trim, 4 MiB ~15 MiB).
+MMAP_THRESHOLD_BYTES = 4 << 20
 TRIM_THRESHOLD_BYTES = 2 * MMAP_THRESHOLD_BYTES  # glibc's own rule for its dynamic thresholds
 _M_TRIM_THRESHOLD = -1  # glibc's mallopt parameter numbers
 _M_MMAP_THRESHOLD = -3

@@ -45,7 +45,6 @@ import numpy as np
 from google.protobuf import message as protobuf_message
 
 from replay_tf import _grpc_common
-from replay_tf import _malloc
 from replay_tf import errors
 from replay_tf.core import chunk_store as chunk_store_lib
 from replay_tf.core import table as table_lib
@@ -761,7 +760,6 @@ def start(server, *, host: Optional[str] = None, port: Optional[int] = None,
         _log.warning("the replay server binds %s:%s without TLS or auth token: anyone who can reach it may read, "
                      "insert and delete data (pass server_credentials= and auth_token= to Server)", host, port)
     servicer = ReverbServicer(server)
-    _malloc.keep_large_buffers_in_heap()  # requests of several MiB each
     options = [
         ("grpc.max_receive_message_length", int(max_message_bytes)),
         ("grpc.max_send_message_length", -1),

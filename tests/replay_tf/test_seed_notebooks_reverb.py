@@ -166,8 +166,9 @@ with client.trajectory_writer(num_keep_alive_refs=3) as writer:
           priority=4-step,
           trajectory=writer.history['timestep'][-3:])
 emit('ex3_info', [table_info(client, 'my_table_a'), table_info(client, 'my_table_b')])
+# The least likely item (p = 0.194) is missed by 20 draws 1.3% of the time, by 200 never in practice (1e-19).
 emit('ex3_samples', sorted([[round(s.info.priority, 3), round(s.info.probability, 9), list(s.data[0].shape)]
-                            for s in client.sample('my_table_b', 20, emit_timesteps=False)]) [:1])
+                            for s in client.sample('my_table_b', 200, emit_timesteps=False)]) [:1])
 
 # Example 4: Samplers and Removers
 reverb.Server(tables=[

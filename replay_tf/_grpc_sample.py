@@ -188,8 +188,8 @@ class SampleStream:
         sequence_range = chunk_store_lib.SequenceRange(r.episode_id, start, end, r.sparse)
         nbytes = common.CHUNK_CACHE_ENTRY_BYTES
         # (indexing a repeated field costs a fraction of iterating over it)
-        tensors = [pending(encoded[i], delta_encoded=delta) for i in range(len(encoded))] if rows == 1 else [None]
-        if None in tensors:
+        tensors = [pending(encoded[i], delta_encoded=delta) for i in range(len(encoded))] if rows == 1 else None
+        if tensors is None or None in tensors:  # several rows, or a header not seen before
             tensors = [decode(encoded[i], delta_encoded=delta) for i in range(len(encoded))]
             chunk = chunk_store_lib.Chunk(key, tensors, sequence_range, delta_encoded=delta)
         else:

@@ -81,6 +81,11 @@ class Chunk:
         self._tensors = value
 
     @property
+    def is_decoded(self) -> bool:
+        """Whether `tensors` are at hand (False: only the encoded form is held so far)."""
+        return self._tensors is not None
+
+    @property
     def num_rows(self) -> int:
         return self.sequence_range.end - self.sequence_range.start + 1
 

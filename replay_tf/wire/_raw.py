@@ -103,17 +103,12 @@ def table_field(name: str) -> bytes:
     return length_delimited(_TAG_ITEM_TABLE, name.encode())
 
 
-def entry(info: bytes | None, chunk_fields: list, end_of_sequence: bool) -> bytes:
-    """A serialized `SampleStreamResponse.entries` element (tag and length included).
+def entry_parts(info: bytes | None, chunk_fields: list, end_of_sequence: bool) -> list:
+    """The byte strings that make up a serialized `SampleStreamResponse.entries` element (tag and length
+    included), for a response joined once: each join copies every chunk's bytes.
 
     `chunk_fields` are `chunk_field` pairs.
     """
-    return b"".join(entry_parts(info, chunk_fields, end_of_sequence))
-
-
-def entry_parts(info: bytes | None, chunk_fields: list, end_of_sequence: bool) -> list:
-    """`entry` as the byte strings that make it up, for a response joined once (chunks are copied there
-    only: each join copies every chunk's bytes)."""
     parts = [_TAG_ENTRY_INFO, varint(len(info)), info] if info is not None else []
     for head, chunk in chunk_fields:
         parts.append(head)
@@ -219,13 +214,9 @@ def request_item(key: int, table_field_bytes: bytes, priority: float, inserted_a
     return b"".join((_TAG_REQUEST_ITEMS, _ONE_BYTE[size] if size < 0x80 else varint(size), body))
 
 
-def request_chunk(chunk: bytes) -> bytes:
-    """An `InsertStreamRequest.chunks` element (tag and length included) of a serialized `ChunkData`."""
-    return request_chunk_head(len(chunk)) + chunk
-
-
 def request_chunk_head(size: int) -> bytes:
-    """The tag and length of an `InsertStreamRequest.chunks` element of `size` bytes (the chunk follows)."""
+    """The tag and length of an `InsertStreamRequest.chunks` element of `size` bytes (the serialized
+    `ChunkData` follows)."""
     return _TAG_REQUEST_CHUNKS + varint(size)
 
 

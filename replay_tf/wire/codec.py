@@ -203,9 +203,7 @@ def pending_tensor(proto, *, delta_encoded: bool = False) -> Optional[PendingTen
 def pending_tensors(chunk: chunk_store.Chunk) -> Optional[list]:
     """The `PendingTensor`s of a chunk still held as received (see `pending_tensor`), else None."""
     encoded = chunk.encoded
-    if chunk._tensors is None and type(encoded) is list:  # noqa: SLF001  (a decoded chunk has tensors)
-        return encoded
-    return None
+    return encoded if type(encoded) is list and not chunk.is_decoded else None
 
 
 def _decode_into(content: bytes, out: np.ndarray, expected: int, delta: bool) -> None:
@@ -219,6 +217,7 @@ def _decode_into(content: bytes, out: np.ndarray, expected: int, delta: bool) ->
                                f"{expected} bytes, its content decompresses to {size}")
     if delta:
         unsigned = out.view(_UNSIGNED_VIEW[out.dtype.itemsize])
+        # Prefix sums undo the consecutive differences (wrapping, as they were computed).
         np.cumsum(unsigned, axis=0, dtype=unsigned.dtype, out=unsigned)
 
 
@@ -255,24 +254,11 @@ def _decode_tensor(proto, delta_encoded: bool) -> np.ndarray:
         out[:] = list(values)
         return out.reshape(shape)
     expected = count * dtype.itemsize
+    delta = len(shape) >= 2 and dtype.kind in "iu"
     if expected and len(_HEADERS) < _MAX_HEADERS:
-        _HEADERS[(proto.dtype, proto.tensor_shape.SerializeToString())] = (
-            dtype, shape, expected, len(shape) >= 2 and dtype.kind in "iu")
+        _HEADERS[(proto.dtype, proto.tensor_shape.SerializeToString())] = (dtype, shape, expected, delta)
     out = np.empty(shape, dtype=dtype)
-    content = proto.tensor_content
-    try:
-        size = cramjam.snappy.decompress_raw_len(content)
-        if size == expected and expected:
-            size = cramjam.snappy.decompress_raw_into(content, out.reshape(-1).view(np.uint8))
-    except Exception as e:  # cramjam raises its own DecompressionError type
-        raise ChunkDecodeError(f"chunk tensor content is not valid Snappy raw data: {e}") from e
-    if size != expected:
-        raise ChunkDecodeError(f"chunk tensor of dtype {dtype.name} and shape {list(shape)} needs {expected} "
-                               f"bytes, its content decompresses to {size}")
-    if delta_encoded and out.ndim >= 2 and dtype.kind in "iu":
-        unsigned = out.view(_UNSIGNED_VIEW[dtype.itemsize])
-        # Prefix sums undo the consecutive differences (wrapping, as they were computed).
-        np.cumsum(unsigned, axis=0, dtype=unsigned.dtype, out=unsigned)
+    _decode_into(proto.tensor_content, out, expected, delta_encoded and delta)
     return out
 
 

@@ -60,7 +60,7 @@ def test_request_items_and_keep_keys_serialize_as_protobuf_does():
                            + _raw.keep_chunk_keys([5, 2**64 - 1, 0]))
                     assert got == request.SerializeToString(), (trajectory, priority, key, table)
     assert _raw.keep_chunk_keys([]) == b""
-    assert _raw.request_chunk(b"xyz") == b"\x0a\x03xyz"
+    assert _raw.request_chunk_head(3) + b"xyz" == b"\x0a\x03xyz"
 
 
 @pytest.mark.parametrize("keys, cached", [

@@ -120,4 +120,3 @@ def test_sample_entry_parts_serialize_as_protobuf_does(with_info, end_of_sequenc
     fields = [_raw.chunk_field(c.SerializeToString()) for c in chunks]
     parts = _raw.entry_parts(info.SerializeToString() if with_info else None, fields, end_of_sequence)
     assert b"".join(parts) == expected.SerializeToString()
-    assert _raw.entry(info.SerializeToString() if with_info else None, fields, end_of_sequence) == b"".join(parts)

@@ -63,7 +63,7 @@ class _CellRef:
 
     @property
     def expired(self) -> bool:
-        return self.column.appended - self.seq > self.column.num_keep_alive_refs
+        return self.seq < self.column.oldest_live_seq
 
     @property
     def shape(self) -> tuple:
@@ -106,6 +106,11 @@ class _ColumnChunker:
         if not self.open_chunks:
             return remote_chunk_length(row_bytes, self.num_keep_alive_refs)
         return int(min(_OPEN_CHUNK_MAX_ROWS, max(self.num_keep_alive_refs, _OPEN_CHUNK_MAX_BYTES // row_bytes)))
+
+    @property
+    def oldest_live_seq(self) -> int:
+        """The `seq` of the oldest value an item may still refer to (references to older ones are expired)."""
+        return self.appended - self.num_keep_alive_refs
 
     def configure(self, num_keep_alive_refs: int, max_chunk_length: Optional[int]) -> None:
         self.finalize()

@@ -466,7 +466,7 @@ class TrajectoryWriter(FlushAndCloseOnExit):
     def _slices(self, table: str, i: int, refs: Sequence[_CellRef], episode_ids: set) -> list:
         """Flat `[chunk, index, start, stop, ...]` of a column of any references (adjacent rows merged)."""
         first = refs[0].column
-        oldest_kept = first.appended - first.num_keep_alive_refs  # refs of `first` before this seq expired
+        oldest_kept = first.oldest_live_seq  # (`ref.expired` for refs of `first`, read once)
         flat: list = []
         for ref in refs:
             if ref.column is first:

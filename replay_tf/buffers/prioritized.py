@@ -242,11 +242,8 @@ class PrioritizedReplayBuffer(tf.Module):
         sample_batch_size, num_steps = self._buffer._check_sample_args(sample_batch_size, num_steps)
         args = (sample_batch_size, num_steps, bool(time_stacked))
         if tf.executing_eagerly() and self._buffer.state.episode_index is None:
-            # From Python: the whole sample as one XLA program (see `UniformReplayBuffer.get_next`); a
-            # sample flagged impossible (probability 0) goes through the graph path for its error.
-            out = self._run("get_next", self._get_next_impl, *args, jit_compile=True)
-            if np.min(out[1].probabilities.numpy()) > 0:
-                return out
+            # From Python: the whole sample as one XLA program (see `UniformReplayBuffer.get_next`).
+            return uniform.sample_from_python(self, self._get_next_impl, args, xla_args=args)
         return self._run("get_next", self._get_next_impl, *args)
 
     def _smallest_stored(self):

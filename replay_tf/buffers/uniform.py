@@ -366,11 +366,7 @@ class UniformReplayBuffer(tf.Module):
             if seed is not None:
                 tf.raw_ops.AssignVariableOp(resource=self._draw_key.handle,
                                             value=np.array([seed, op_seed], np.int64))
-            out = self._run("get_next", self._get_next_impl, *args, True, jit_compile=True)
-            if np.min(out[1].probabilities.numpy()) > 0:
-                return out
-            # XLA compiles asserts out: an impossible sample comes back flagged (probability 0); the
-            # graph path below raises its error.
+            return sample_from_python(self, self._get_next_impl, args, xla_args=(*args, True))
         return self._run("get_next", self._get_next_impl, *args)
 
     def _get_next_impl(self, sample_batch_size, num_steps, time_stacked, keyed: bool = False):
@@ -497,6 +493,16 @@ class UniformReplayBuffer(tf.Module):
         segments = tf.range(self._batch_size, dtype=tf.int64)
         rows = _ring.rows_for(ids[None, :], segments[:, None], None, self._max_length, self._batch_size)
         return specs.pack_sequence_as(self._data_spec, _ring.gather(self._state, rows))
+
+
+def sample_from_python(owner, fn: Callable, args: tuple, xla_args: tuple):
+    """A buffer's `get_next` called from Python: `fn(*xla_args)` as one XLA program, unless the sample
+    comes back flagged impossible (some probability 0: XLA compiles asserts out); then `fn(*args)` in
+    graph mode, which raises the error."""
+    out = run_in_graph(owner, "get_next", fn, *xla_args, jit_compile=True)
+    if np.min(out[1].probabilities.numpy()) > 0:
+        return out
+    return run_in_graph(owner, "get_next", fn, *args)
 
 
 def run_in_graph(owner, name: str, fn: Callable, *args, tensors=(), jit_compile: bool = False):

@@ -12,6 +12,7 @@ from typing import Any, Optional
 import numpy as np
 
 from replay_tf.core.chunk_store import Chunk, SequenceRange
+from replay_tf.core.chunk_store import new_key as _new_key
 
 # In-process chunks: at most this many bytes (and rows) per chunk, so long items are mostly one slice.
 _OPEN_CHUNK_MAX_BYTES = 4 << 20
@@ -32,14 +33,6 @@ def remote_chunk_length(row_bytes: int, num_keep_alive_refs: int) -> int:
     """
     best = round(math.sqrt(_CHUNK_OVERHEAD_BYTES / max(1, row_bytes)))
     return int(min(max(1, num_keep_alive_refs), max(1, best)))
-
-
-def _new_key() -> int:
-    """`replay_tf.client.new_key()` (a random uint64), bound on first use: client imports this module lazily."""
-    global _new_key
-    from replay_tf.client import new_key  # noqa: PLC0415
-    _new_key = new_key
-    return new_key()
 
 
 def to_array(value: Any) -> np.ndarray:

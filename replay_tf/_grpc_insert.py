@@ -66,7 +66,7 @@ class InsertStream:
 
     def _connect(self) -> None:
         """Opens a new call (lock held) and queues every unconfirmed item on it, in order."""
-        _malloc.keep_large_buffers_in_heap()  # requests are assembled into buffers of up to ~4 MiB (see _malloc)
+        _malloc.keep_large_buffers_in_heap()  # requests are assembled into buffers of ~1 MiB (see _malloc)
         old = self._connection
         if old is not None:
             old.queue.put(common.CLOSE)  # ends the old request generator if gRPC still iterates it
@@ -92,6 +92,12 @@ class InsertStream:
                 self._reader.start()
             else:
                 self._connection.queue.put(entry)
+        if self._connection.queue.qsize() > common.MAX_REQUEST_ITEMS:
+            # The sending thread has fallen behind: let it have the GIL. An appending thread rarely releases
+            # it, and gRPC's sending thread, which releases it at every write, can wait a whole switch
+            # interval (5 ms) for it back: the queue (and its chunks) then grows for the whole episode, each
+            # new chunk faulting in fresh pages. `send` does not block, as Reverb's `create_item`.
+            time.sleep(0)
 
     def _requests(self, connection: _Connection):
         """Runs in gRPC's sending thread: turns queued items into InsertStreamRequests.

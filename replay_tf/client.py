@@ -21,7 +21,6 @@ A transport implements `Transport` below. Writers use `open_insert_stream()`; `T
 from __future__ import annotations
 
 import os
-import random
 import threading
 from typing import Any, Dict, Iterator, List, Optional, Protocol
 
@@ -30,12 +29,7 @@ import tree
 
 from replay_tf import server as server_lib
 from replay_tf._inprocess_transport import InProcessTransport
-from replay_tf.core.chunk_store import Chunk, ChunkSlice, Column, Item, SequenceRange
-
-
-def new_key() -> int:
-    """A random uint64 key (items, chunks, episode ids), as Reverb's writers draw them."""
-    return random.getrandbits(64)
+from replay_tf.core.chunk_store import Chunk, ChunkSlice, Column, Item, SequenceRange, new_key
 
 
 class InsertStream(Protocol):

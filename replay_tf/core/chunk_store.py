@@ -12,11 +12,17 @@ references to their chunks (Python reference counting plays the role of Reverb's
 """
 from __future__ import annotations
 
+import random
 import threading
 import weakref
 from typing import Callable, Iterable, NamedTuple, Sequence
 
 import numpy as np
+
+
+def new_key() -> int:
+    """A random uint64 key (items, chunks, episode ids), as Reverb's writers draw them."""
+    return random.getrandbits(64)
 
 
 class SequenceRange(NamedTuple):

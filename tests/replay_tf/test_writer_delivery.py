@@ -256,3 +256,57 @@ def test_remote_writer_survives_a_server_process_killed_and_restarted():
             if proc is not None:
                 proc.stdin.close()
                 proc.stdout.close()
+
+
+# --- remote writers: request sizes and a sending thread that falls behind ---
+
+def test_remote_requests_stay_near_max_request_bytes(remote, monkeypatch):
+    from replay_tf import _grpc_common
+    from replay_tf import service
+    sizes = []
+    parse = service._parse
+
+    def recording_parse(message_class, raw):
+        if message_class.__name__ == "InsertStreamRequest":
+            sizes.append(len(raw))
+        return parse(message_class, raw)
+
+    monkeypatch.setattr(service, "_parse", recording_parse)
+    server = reverb.Server([reverb.Table.queue("t", 1000)])
+    try:
+        frames = np.random.default_rng(0).integers(0, 256, size=[8, 84, 84, 4], dtype=np.uint8)  # incompressible
+        writer = reverb.Client(f"localhost:{server.port}").trajectory_writer(num_keep_alive_refs=1)
+        for i in range(150):  # 150 one-frame items: ~4.2 MB of chunks
+            writer.append({"frame": frames[i % 8]})
+            writer.create_item("t", 1.0, writer.history["frame"][-1])
+        writer.flush(timeout_ms=60_000)
+        writer.close()
+        assert len(server.table("t")) == 150
+        # Requests end at the first item that takes them past MAX_REQUEST_BYTES: at most one more frame (plus
+        # item and keep-key fields), so they stay below the 4 MiB up to which `_malloc` keeps buffers in the heap.
+        assert len(sizes) >= 4, sizes
+        assert max(sizes) <= _grpc_common.MAX_REQUEST_BYTES + frames[0].nbytes + 4096, sizes
+        assert sum(sizes) > 150 * frames[0].nbytes
+    finally:
+        server.stop()
+
+
+def test_remote_send_yields_to_a_sending_thread_that_falls_behind_but_never_blocks(remote, monkeypatch):
+    import types
+    from replay_tf import _grpc_common
+    from replay_tf import _grpc_insert
+    yields = []
+    monkeypatch.setattr(_grpc_insert, "time", types.SimpleNamespace(
+        monotonic=time.monotonic, sleep=lambda s: yields.append(s)))
+    server = reverb.Server([_table()])
+    writer = reverb.Client(f"localhost:{server.port}").trajectory_writer(num_keep_alive_refs=1)
+    server.stop()  # the writer's stream opens with the first item and waits for a server that is gone
+    started = time.monotonic()
+    num_items = 3 * _grpc_common.MAX_REQUEST_ITEMS
+    _write(writer, range(num_items))
+    assert time.monotonic() - started < 30  # create_item queued every item without waiting for the server
+    # Once more than a request's worth of items wait, each create_item yields the GIL (sleep(0)), once per item.
+    assert yields and set(yields) == {0}
+    assert _grpc_common.MAX_REQUEST_ITEMS <= len(yields) < num_items - _grpc_common.MAX_REQUEST_ITEMS
+    assert writer._stream.num_pending() == num_items
+    writer.close()  # drops the waiting items

@@ -116,6 +116,7 @@ class InsertStream:
         sent = connection.sent
         requests = connection.queue
         request_item, chunk_head, trajectory_bytes = _raw.request_item, _raw.request_chunk_head, _raw.resolved_trajectory
+        chunk_parts = codec.serialized_chunk_parts
         table_fields: dict = {}
         key_fields: dict = {}  # chunk key -> its serialized ChunkSlice.chunk_key field
         while True:
@@ -145,9 +146,11 @@ class InsertStream:
                         in_request[chunk_key] = chunk
                         if chunk_key not in sent:
                             sent[chunk_key] = chunk
-                            data = codec.serialized_chunk(chunk)
-                            chunks += (chunk_head(len(data)), data)  # (the chunk is copied once, by the join)
-                            size += len(data)
+                            parts = chunk_parts(chunk)
+                            data_size = sum(map(len, parts))
+                            chunks.append(chunk_head(data_size))
+                            chunks += parts  # (the compressed contents are copied once, by the join)
+                            size += data_size
                 table_field = table_fields.get(table)
                 if table_field is None:
                     table_field = table_fields[table] = _raw.table_field(table) if table else b""
@@ -172,7 +175,7 @@ class InsertStream:
                     closing = True
                     break
             # Drop our own references so that only the writer decides which chunks stay alive.
-            entry = table = item = columns = column = chunk = data = in_request = None
+            entry = table = item = columns = column = chunk = parts = in_request = None
             # Every sent chunk still alive may be used by a later item: the server must keep it.
             chunks += items
             chunks.append(_raw.keep_chunk_keys(list(sent.keys()), key_fields))

@@ -239,8 +239,9 @@ def keep_chunk_keys(keys, key_fields: Optional[dict] = None) -> bytes:
     return _TAG_REQUEST_KEEP + varint(len(body)) + body
 
 
-def tensor(dtype: int, shape: tuple, content: bytes) -> bytes:
-    """A serialized `tensorflow.TensorProto` (dtype = 1, tensor_shape = 2, tensor_content = 4)."""
+def tensor_head(dtype: int, shape: tuple, content_size: int) -> bytes:
+    """A serialized `tensorflow.TensorProto` (dtype = 1, tensor_shape = 2, tensor_content = 4) up to its
+    content: the whole message is this head followed by the `content_size` bytes of `tensor_content`."""
     dims = []
     for size in shape:
         dim = b"\x08" + varint(size) if size else b""  # TensorShapeProto.Dim.size = 1
@@ -249,26 +250,32 @@ def tensor(dtype: int, shape: tuple, content: bytes) -> bytes:
     parts = [b"\x08", varint(dtype)] if dtype else []
     if shape:
         parts += [b"\x12", varint(len(dims)), dims]
-    if content:
-        parts += [b"\x22", varint(len(content)), content]
+    if content_size:
+        parts += [b"\x22", varint(content_size)]
     return b"".join(parts)
 
 
-def chunk_data(chunk_key: int, episode_id: int, start: int, end: int, sparse: bool, delta_encoded: bool,
-               tensors: list, uncompressed_size: int) -> bytes:
-    """A serialized `ChunkData` whose `data.tensors` are the serialized `tensors` (from `tensor`)."""
+def chunk_data_parts(chunk_key: int, episode_id: int, start: int, end: int, sparse: bool, delta_encoded: bool,
+                     tensors: list, uncompressed_size: int) -> list:
+    """A serialized `ChunkData` as a list of bytes-like parts, whose `data.tensors` are `tensors`, each a
+    `(tensor_head(...), content)` pair: the contents are listed, not copied (joined once by whoever sends
+    the chunk)."""
     seq = _four_varint_fields(episode_id, start, end, int(sparse))
     parts = [b"\x08", varint(chunk_key)] if chunk_key else []
     parts += [b"\x12", varint(len(seq)), seq]
     if delta_encoded:
         parts.append(b"\x20\x01")
     data = []
-    for t in tensors:
-        data += [b"\x0a", varint(len(t)), t]
-    data = b"".join(data)
-    parts += [b"\x2a", varint(len(data)), data]
+    data_size = 0
+    for head, content in tensors:
+        size = len(head) + len(content)
+        field = b"\x0a" + varint(size)  # ChunkData.Data.tensors = 1
+        data += [field, head, content]
+        data_size += len(field) + size
+    parts += [b"\x2a", varint(data_size)]
+    parts += data
     if tensors:
         parts += [b"\x30", varint(len(tensors))]
     if uncompressed_size:
         parts += [b"\x38", varint(uncompressed_size)]
-    return b"".join(parts)
+    return parts

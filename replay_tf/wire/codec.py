@@ -57,6 +57,7 @@ __all__ = [
     "rate_limiter_info_from_proto",
     "rate_limiter_info_to_proto",
     "serialized_chunk",
+    "serialized_chunk_parts",
     "table_info_from_proto",
     "table_info_to_proto",
     "tensor_header",
@@ -418,16 +419,28 @@ def serialized_chunk(chunk: chunk_store.Chunk) -> bytes:
     sequence_range = chunk.sequence_range
     if isinstance(encoded, tuple) and encoded[0] == sequence_range.end:
         return encoded[1]
-    serialized = _numeric_chunk_bytes(chunk)
-    if serialized is None:
-        serialized = chunk_to_proto(chunk).SerializeToString()
+    parts = _numeric_chunk_parts(chunk)
+    serialized = chunk_to_proto(chunk).SerializeToString() if parts is None else b"".join(parts)
     chunk.encoded = (sequence_range.end, serialized)
     return serialized
 
 
-def _numeric_chunk_bytes(chunk: chunk_store.Chunk) -> Optional[bytes]:
-    """`chunk_to_proto(chunk).SerializeToString()` written by `_raw`, or None when a tensor needs the
-    general path (strings, byte-swapped, or delta-encoded)."""
+def serialized_chunk_parts(chunk: chunk_store.Chunk) -> list:
+    """`serialized_chunk(chunk)` as a list of bytes-like parts that join to it, for a chunk sent once (an
+    insert stream): its compressed contents are not copied into one `bytes`, and nothing is cached."""
+    encoded = chunk.encoded
+    if isinstance(encoded, bytes):
+        return [encoded]
+    if isinstance(encoded, tuple) and encoded[0] == chunk.sequence_range.end:
+        return [encoded[1]]
+    parts = _numeric_chunk_parts(chunk)
+    return [chunk_to_proto(chunk).SerializeToString()] if parts is None else parts
+
+
+def _numeric_chunk_parts(chunk: chunk_store.Chunk) -> Optional[list]:
+    """`chunk_to_proto(chunk).SerializeToString()` written by `_raw` as a list of bytes-like parts (the
+    compressed contents as cramjam returns them, uncopied), or None when a tensor needs the general path
+    (strings, byte-swapped, or delta-encoded)."""
     rows = chunk.num_rows
     delta = chunk.delta_encoded
     tensors = []
@@ -436,11 +449,11 @@ def _numeric_chunk_bytes(chunk: chunk_store.Chunk) -> Optional[bytes]:
         array = array[:rows]
         if array.dtype.kind not in "biufc" or not array.dtype.isnative or (delta and _delta_applies(array)):
             return None
-        tensors.append(_raw.tensor(dtype_enum(array.dtype), array.shape,
-                                   bytes(cramjam.snappy.compress_raw(np.ascontiguousarray(array)))))
+        content = cramjam.snappy.compress_raw(np.ascontiguousarray(array))
+        tensors.append((_raw.tensor_head(dtype_enum(array.dtype), array.shape, len(content)), content))
         uncompressed += array.nbytes
     r = chunk.sequence_range
-    return _raw.chunk_data(chunk.key, r.episode_id, r.start, r.end, r.sparse, delta, tensors, uncompressed)
+    return _raw.chunk_data_parts(chunk.key, r.episode_id, r.start, r.end, r.sparse, delta, tensors, uncompressed)
 
 
 # --- items and trajectories ---

@@ -25,15 +25,21 @@ def test_numeric_chunks_serialize_as_protobuf_does(dtype, shape, delta):
                                 (2**64 - 1, cs.SequenceRange(2**63 + 5, 7, 6 + shape[0], True))]:
         fast, reference = _chunks(key, [array, second], sequence_range, delta)
         expected = codec.chunk_to_proto(reference).SerializeToString()
+        # The insert stream's form: parts that join to the same bytes, nothing cached (a chunk is sent once).
+        assert b"".join(codec.serialized_chunk_parts(fast)) == expected
+        assert fast.encoded is None
         assert codec.serialized_chunk(fast) == expected
         assert fast.encoded == (sequence_range.end, expected)  # cached for the next send
+        assert codec.serialized_chunk_parts(fast) == [expected]  # a cached form is used as it is
         np.testing.assert_array_equal(codec._decode_serialized(expected)[0], array)
 
 
 @pytest.mark.parametrize("strings", [np.array([b"t0", b""], dtype=object), np.array([b"ab", b"c"])])
 def test_string_chunks_take_the_general_path(strings):
     fast, reference = _chunks(3, [np.zeros((2, 2), np.float32), strings], cs.SequenceRange(1, 0, 1), False)
-    assert codec.serialized_chunk(fast) == codec.chunk_to_proto(reference).SerializeToString()
+    expected = codec.chunk_to_proto(reference).SerializeToString()
+    assert codec.serialized_chunk_parts(fast) == [expected]
+    assert codec.serialized_chunk(fast) == expected
 
 
 def test_request_items_and_keep_keys_serialize_as_protobuf_does():

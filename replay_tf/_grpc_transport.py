@@ -5,7 +5,8 @@ Implements `replay_tf.client.Transport` over `deepmind.reverb.ReverbService`:
     at most once per stream and list in `keep_chunk_keys` the sent chunks the writer may still refer to:
     those still alive in this process (a chunk the writer's history and queued items dropped is garbage,
     so no later item can use it). Requests are assembled by the gRPC sending thread from everything queued
-    at that moment (up to ~4 MiB), so `send` never blocks and fast writers get big requests;
+    at that moment (up to ~1 MiB), so `send` never blocks and fast writers get big requests (`send` yields
+    the GIL to that thread while more than a request's worth of items wait);
   - sample streams ask for `num_samples_per_request` samples per request (the next one only once those
     have arrived and the caller asks for more, so nothing is sampled ahead of the caller); a thread reads
     and decodes the responses, and `next_batch` hands out every complete sample received so far (up to the

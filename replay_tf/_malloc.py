@@ -1,7 +1,7 @@
 """Keeps message-sized buffers in glibc's heap instead of fresh memory maps (Linux with glibc only).
 
 gRPC hands every message to Python as one `bytes` object: a 2 MiB `SampleStreamResponse` (Reverb's
-response size, ours too) or an insert request of up to ~4 MiB. glibc serves allocations above its mmap
+response size, ours too) or an insert request of ~1 MiB. glibc serves allocations above its mmap
 threshold (128 KiB) with a fresh memory map, which the kernel zero-fills page by page on first touch and
 unmaps again on free, and gives the top of its heap back to the system past its trim threshold: ~512 page
 faults per 2 MiB message. glibc normally raises both thresholds by itself once such a block is freed (the
@@ -23,8 +23,8 @@ import os
 import sys
 import threading
 
-# Above the ~2 MiB responses (and most of the <= ~4 MiB requests our writers assemble); no higher: heap
-# blocks this large, once freed, get reused for small long-lived objects and keep their pages resident
+# Above the ~2 MiB responses and the ~1 MiB requests our writers assemble (MAX_REQUEST_BYTES); no higher:
+# heap blocks this large, once freed, get reused for small long-lived objects and keep their pages resident
 # (8 MiB left a fuzzed server process ~40 MiB above its warm level after malloc_trim, 4 MiB ~15 MiB).
 MMAP_THRESHOLD_BYTES = 4 << 20
 TRIM_THRESHOLD_BYTES = 2 * MMAP_THRESHOLD_BYTES  # glibc's own rule for its dynamic thresholds

@@ -256,8 +256,7 @@ def _decode_tensor(proto, delta_encoded: bool) -> np.ndarray:
         return out.reshape(shape)
     expected = count * dtype.itemsize
     delta = len(shape) >= 2 and dtype.kind in "iu"
-    if expected and len(_HEADERS) < _MAX_HEADERS:
-        _HEADERS[(proto.dtype, proto.tensor_shape.SerializeToString())] = (dtype, shape, expected, delta)
+    _remember_header((proto.dtype, proto.tensor_shape.SerializeToString()), dtype, shape)
     out = np.empty(shape, dtype=dtype)
     _decode_into(proto.tensor_content, out, expected, delta_encoded and delta)
     return out
@@ -305,9 +304,25 @@ def _decode_string_list(content: bytes, count: int) -> list:
     return values
 
 
+def _remember_header(key: tuple, dtype: np.dtype, shape: tuple) -> None:
+    """Caches the header of a numeric tensor with no negative dimension and some bytes in `_HEADERS`."""
+    if dtype.kind == "O" or len(_HEADERS) >= _MAX_HEADERS or any(size < 0 for size in shape):
+        return
+    expected = math.prod(shape) * dtype.itemsize
+    if expected:
+        _HEADERS[key] = (dtype, shape, expected, len(shape) >= 2 and dtype.kind in "iu")
+
+
 def tensor_header(proto) -> tuple[np.dtype, tuple]:
-    """`(numpy dtype, shape)` of an encoded chunk tensor, without decoding its content."""
-    return numpy_dtype(proto.dtype), tuple(d.size for d in proto.tensor_shape.dim)
+    """`(numpy dtype, shape)` of an encoded chunk tensor, without decoding its content (a header seen before
+    is read from the cache that decoding uses: a server checks every chunk it receives)."""
+    key = (proto.dtype, proto.tensor_shape.SerializeToString())
+    header = _HEADERS.get(key)
+    if header is not None:
+        return header[0], header[1]
+    dtype, shape = numpy_dtype(proto.dtype), tuple([d.size for d in proto.tensor_shape.dim])
+    _remember_header(key, dtype, shape)
+    return dtype, shape
 
 
 # --- chunks ---

@@ -161,6 +161,23 @@ def test_decode_with_a_known_header_gives_fresh_arrays_and_undoes_deltas_only_wh
     assert other.dtype == np.uint8 and other.tolist() == [[0, 0]] * 3
 
 
+def test_tensor_headers_are_cached_for_valid_numeric_tensors_only():
+    shape = (3, 17, 5)  # a header no other test uses
+    proto = codec.encode_tensor(np.arange(255, dtype=np.int16).reshape(shape))
+    key = (proto.dtype, proto.tensor_shape.SerializeToString())
+    codec._HEADERS.pop(key, None)
+    assert codec.tensor_header(proto) == (np.dtype(np.int16), shape)
+    assert codec._HEADERS[key] == (np.dtype(np.int16), shape, 255 * 2, True)  # bytes; delta-decodable
+    assert codec.tensor_header(proto) == (np.dtype(np.int16), shape)  # now read from the cache
+    np.testing.assert_array_equal(codec.decode_tensor(proto), np.arange(255).reshape(shape))
+    for bad, header in [(_proto(tf.float32.as_datatype_enum, [3, -2], b""), (np.float32, (3, -2))),
+                        (_proto(tf.float32.as_datatype_enum, [-3, -2], b""), (np.float32, (-3, -2))),
+                        (_proto(tf.float32.as_datatype_enum, [2, 0], b""), (np.float32, (2, 0))),
+                        (codec.encode_tensor(np.array([b"ab"], dtype=object)), (object, (1,)))]:
+        assert codec.tensor_header(bad) == (np.dtype(header[0]), header[1])
+        assert (bad.dtype, bad.tensor_shape.SerializeToString()) not in codec._HEADERS
+
+
 def _chunk_proto(key=5, rows=3, tensors=None, delta=False):
     chunk = chunk_store.Chunk(key, tensors or [np.arange(rows * 2, dtype=np.int32).reshape(rows, 2)],
                               chunk_store.SequenceRange(9, 10, 10 + rows - 1), delta_encoded=delta)

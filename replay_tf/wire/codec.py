@@ -254,9 +254,9 @@ def _decode_tensor(proto, delta_encoded: bool) -> np.ndarray:
         out = np.empty(count, dtype=object)
         out[:] = list(values)
         return out.reshape(shape)
-    expected = count * dtype.itemsize
-    delta = len(shape) >= 2 and dtype.kind in "iu"
-    _remember_header((proto.dtype, proto.tensor_shape.SerializeToString()), dtype, shape)
+    header = _numeric_header(dtype, shape)
+    _remember_header((proto.dtype, proto.tensor_shape.SerializeToString()), header)
+    _, _, expected, delta = header
     out = np.empty(shape, dtype=dtype)
     _decode_into(proto.tensor_content, out, expected, delta_encoded and delta)
     return out
@@ -304,13 +304,15 @@ def _decode_string_list(content: bytes, count: int) -> list:
     return values
 
 
-def _remember_header(key: tuple, dtype: np.dtype, shape: tuple) -> None:
-    """Caches the header of a numeric tensor with no negative dimension and some bytes in `_HEADERS`."""
-    if dtype.kind == "O" or len(_HEADERS) >= _MAX_HEADERS or any(size < 0 for size in shape):
-        return
-    expected = math.prod(shape) * dtype.itemsize
-    if expected:
-        _HEADERS[key] = (dtype, shape, expected, len(shape) >= 2 and dtype.kind in "iu")
+def _numeric_header(dtype: np.dtype, shape: tuple) -> tuple:
+    """`(dtype, shape, byte size, delta-decodable)` of a numeric chunk tensor: what `_HEADERS` holds."""
+    return dtype, shape, math.prod(shape) * dtype.itemsize, len(shape) >= 2 and dtype.kind in "iu"
+
+
+def _remember_header(key: tuple, header: tuple) -> None:
+    """Caches `header` (from `_numeric_header`) if its tensor has some bytes and no negative dimension."""
+    if header[2] and len(_HEADERS) < _MAX_HEADERS and not any(size < 0 for size in header[1]):
+        _HEADERS[key] = header
 
 
 def tensor_header(proto) -> tuple[np.dtype, tuple]:
@@ -321,7 +323,8 @@ def tensor_header(proto) -> tuple[np.dtype, tuple]:
     if header is not None:
         return header[0], header[1]
     dtype, shape = numpy_dtype(proto.dtype), tuple([d.size for d in proto.tensor_shape.dim])
-    _remember_header(key, dtype, shape)
+    if dtype.kind != "O":
+        _remember_header(key, _numeric_header(dtype, shape))
     return dtype, shape
 
 

@@ -429,7 +429,7 @@ class TrajectoryWriter(FlushAndCloseOnExit):
             if (last_ref.chunk is chunk and last_ref.row - first_ref.row == len(refs) - 1
                     and last_ref.seq - first_ref.seq == len(refs) - 1):
                 # Fast path: consecutive rows of one chunk (the usual `history[col][-n:]`), one slice.
-                if first.appended - first_ref.seq > first.num_keep_alive_refs:
+                if first_ref.seq < first.oldest_live_seq:
                     self._expired(table, i, first_ref)
                 columns.append((col.is_squeezed, chunk, 0, first_ref.row, last_ref.row + 1))
                 episode_ids.add(chunk.sequence_range.episode_id)

@@ -228,14 +228,12 @@ def keep_chunk_keys(keys, key_fields: Optional[dict] = None) -> bytes:
     """
     if not keys:
         return b""
-    if key_fields is None:
-        body = b"".join([varint(k) for k in keys])
-    else:
-        parts = []
-        for k in keys:
-            field = key_fields.get(k)
-            parts.append(field[1:] if field else varint(k))  # (key 0 has an empty field)
-        body = b"".join(parts)
+    get = (key_fields or {}).get
+    parts = []
+    for k in keys:
+        field = get(k)
+        parts.append(field[1:] if field else varint(k))  # (key 0 has an empty field)
+    body = b"".join(parts)
     return _TAG_REQUEST_KEEP + varint(len(body)) + body
 
 

@@ -431,26 +431,31 @@ def serialized_chunk(chunk: chunk_store.Chunk) -> bytes:
     Chunks of numeric tensors are assembled as bytes (`_raw`, the bytes protobuf writes, without building
     protos); strings, byte-swapped and delta-encoded tensors go through `chunk_to_proto`.
     """
-    encoded = chunk.encoded
-    if isinstance(encoded, bytes):
-        return encoded
-    sequence_range = chunk.sequence_range
-    if isinstance(encoded, tuple) and encoded[0] == sequence_range.end:
-        return encoded[1]
-    parts = _numeric_chunk_parts(chunk)
-    serialized = chunk_to_proto(chunk).SerializeToString() if parts is None else b"".join(parts)
-    chunk.encoded = (sequence_range.end, serialized)
+    serialized = _cached_serialized(chunk)
+    if serialized is None:
+        serialized = b"".join(_encoded_chunk_parts(chunk))
+        chunk.encoded = (chunk.sequence_range.end, serialized)
     return serialized
 
 
 def serialized_chunk_parts(chunk: chunk_store.Chunk) -> list:
     """`serialized_chunk(chunk)` as a list of bytes-like parts that join to it, for a chunk sent once (an
     insert stream): its compressed contents are not copied into one `bytes`, and nothing is cached."""
+    serialized = _cached_serialized(chunk)
+    return _encoded_chunk_parts(chunk) if serialized is None else [serialized]
+
+
+def _cached_serialized(chunk: chunk_store.Chunk) -> Optional[bytes]:
+    """The serialized `ChunkData` the chunk holds (as received, or cached while it had its current rows)."""
     encoded = chunk.encoded
     if isinstance(encoded, bytes):
-        return [encoded]
+        return encoded
     if isinstance(encoded, tuple) and encoded[0] == chunk.sequence_range.end:
-        return [encoded[1]]
+        return encoded[1]
+    return None
+
+
+def _encoded_chunk_parts(chunk: chunk_store.Chunk) -> list:
     parts = _numeric_chunk_parts(chunk)
     return [chunk_to_proto(chunk).SerializeToString()] if parts is None else parts
 

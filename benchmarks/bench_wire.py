@@ -6,7 +6,9 @@ uint8[84,84,4]), uniform table. Measured: trajectory_writer insert steps/s (unti
 and `TrajectoryDataset.from_table_signature(...).batch(256)` samples/s (and samples per CPU-second of the
 client process, all threads: robust under load, but it leaves out the server's work), for the four pairs
 {our server, dm-reverb server} x {our client, dm-reverb client}. The reference is dm-reverb server with
-dm-reverb client; the mixed pairs are reported beside it.
+dm-reverb client; the mixed pairs are reported beside it. The `floor:` rows measure gRPC Python receiving the
+same `SampleStream` responses (from the dm-reverb server) and protobuf parsing them, nothing decoded: the
+least any Python client built on grpcio and protobuf can spend per sample.
 """
 from __future__ import annotations
 
@@ -96,6 +98,41 @@ def _run_our_client(address: str) -> dict:
     return out
 
 
+def _receive_floor(address: str) -> dict:
+    """What our client's transport alone costs, without decoding a sample: gRPC Python receiving
+    `SampleStream` responses (requests of 512 sent up front, so the server never waits) and protobuf (upb)
+    parsing them, per spec as the dataset rows (`{spec}/floor` samples/s, `{spec}/floor_cpu` per CPU-second
+    of this process). A Python Reverb client can be no faster than this: `TrajectoryDataset` adds the
+    decoding, stacking and TensorFlow's hand-off on top."""
+    import time  # noqa: PLC0415
+
+    import grpc  # noqa: PLC0415
+
+    from replay_tf.wire import reverb_service_pb2  # noqa: PLC0415
+
+    out = {}
+    with grpc.insecure_channel(address, options=[("grpc.max_receive_message_length", -1)]) as channel:
+        method = channel.stream_stream("/deepmind.reverb.ReverbService/SampleStream",
+                                       request_serializer=lambda x: x, response_deserializer=lambda x: x)
+        for spec_name, (_, num_batches) in SPECS.items():
+            request = reverb_service_pb2.SampleStreamRequest(table=f"t_{spec_name}", num_samples=512)
+            request.rate_limiter_timeout.milliseconds = -1
+            wanted, best, best_cpu = 256 * num_batches, 0.0, 0.0
+            for _ in range(3):  # the first run warms up
+                call = method(iter([request.SerializeToString()] * (wanted // 512 + 1)))
+                received, start, cpu_start = 0, time.perf_counter(), time.process_time()
+                for raw in call:
+                    entries = reverb_service_pb2.SampleStreamResponse.FromString(raw).entries
+                    received += sum(entry.end_of_sequence for entry in entries)
+                    if received >= wanted:
+                        break
+                elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
+                call.cancel()
+                best, best_cpu = max(best, received / elapsed), max(best_cpu, received / max(cpu, 1e-9))
+            out[f"{spec_name}/floor"], out[f"{spec_name}/floor_cpu"] = best, best_cpu
+    return out
+
+
 def _run_peer_client(peer, address: str) -> dict:
     code = ("import reverb\nADDRESS = INPUTS['address']\nSPECS = INPUTS['specs']\nNUM_STEPS = INPUTS['num_steps']\n"
             + CLIENT)
@@ -112,6 +149,9 @@ def main() -> None:
             results[(server_kind, "ours")] = _run_our_client(address)
             if peer is not None:
                 results[(server_kind, "reverb")] = _run_peer_client(peer, address)
+            if server_kind == "reverb" or peer is None:  # the dm-reverb server, where there is one
+                floor = _receive_floor(address)
+                floor_server = server_kind
         finally:
             server.stop()
     reference = results.get(("reverb", "reverb"), {})
@@ -129,6 +169,12 @@ def main() -> None:
                 rows.append({"workload": f"{pair} {spec_name} {what}",
                              "ours": values.get(key), "peer": reference.get(key),
                              "peer_name": "dm-reverb client -> dm-reverb server", "unit": unit})
+            if metric != "insert":  # the transport's floor beside the dataset rows
+                rows.append({"workload": f"floor: gRPC receive + protobuf parse only ->{floor_server[:6]} {spec_name} "
+                                         f"{what.replace('TrajectoryDataset.batch(256)', 'SampleStream')}",
+                             "ours": floor.get(f"{spec_name}/{metric.replace('sample', 'floor')}"),
+                             "peer": reference.get(key), "peer_name": "dm-reverb client -> dm-reverb server",
+                             "unit": unit})
     _harness.report("wire", rows)
 
 

@@ -19,7 +19,10 @@ from replay_tf.wire import schema_pb2
 
 
 class _ChunkCache(collections.OrderedDict):
-    """Decoded chunks of one call, least recently used first, with their total size in bytes."""
+    """Decoded chunks of one call by chunk key, least recently used first, with their total size in bytes.
+
+    A chunk may arrive again with more rows (an in-process writer's open chunk grows); rows are only ever
+    appended, so the entry with the most rows serves every slice within them."""
 
     def __init__(self):
         super().__init__()
@@ -165,42 +168,43 @@ class SampleStream:
     @staticmethod
     def _chunk(proto: schema_pb2.ChunkData, cache, decode=codec.decode_tensor, pending=codec.pending_tensor
                ) -> tuple:
-        """`(chunk, rows, tensors, nbytes)` for `proto`: its chunk (made once per call: a cache keyed by chunk
-        key and rows), its number of rows and of tensors (for the bounds checks of `_sampled_item`) and its
-        decoded bytes (what the cache counts).
+        """`(chunk, rows, tensors, nbytes)` for `proto`: its chunk, its number of rows and of tensors (for the
+        bounds checks of `_sampled_item`) and its decoded bytes (what the cache counts).
 
-        A one-row chunk (Reverb's writers and ours send big steps one per chunk) stays encoded: every slice
-        of it is all of it, so `TrajectoryDataset` decodes it straight into its batch (its `tensors` decode
-        on first access otherwise). Longer chunks, whose slices overlap, are decoded now, once."""
+        A one-row chunk (Reverb's writers and ours send big steps one per chunk) stays encoded and is not
+        cached: every slice of it is all of it, so `TrajectoryDataset` decodes it straight into its batch
+        (its `tensors` decode on first access otherwise), and keeping it would cost a copy of its content
+        all the same while crowding the cache (Atari samples: ~25% less CPU without). Longer chunks, whose
+        slices overlap, are decoded now, once per call: `cache` keeps them while they have the most rows
+        seen for their key."""
         r = proto.sequence_range
-        key, end = proto.chunk_key, r.end
-        # A chunk of one key may have grown (in-process writers' open chunks): key the cache by its rows too.
-        cache_key = (key, end)
-        entry = cache.get(cache_key)
-        if entry is not None:
-            cache.move_to_end(cache_key)
+        key, start = proto.chunk_key, r.start
+        rows = r.end - start + 1
+        entry = cache.get(key)
+        if entry is not None and entry[1] >= rows:
+            cache.move_to_end(key)
             return entry
-        start = r.start
-        rows = end - start + 1
         delta = proto.delta_encoded
         # (codec.decode_chunk_tensors, inlined: chunks from old checkpoints keep their tensors elsewhere)
         encoded = proto.data.tensors if proto.HasField("data") else proto.deprecated_data
-        sequence_range = chunk_store_lib.SequenceRange(r.episode_id, start, end, r.sparse)
-        nbytes = common.CHUNK_CACHE_ENTRY_BYTES
+        sequence_range = chunk_store_lib.SequenceRange(r.episode_id, start, r.end, r.sparse)
         # (indexing a repeated field costs a fraction of iterating over it)
-        tensors = [pending(encoded[i], delta_encoded=delta) for i in range(len(encoded))] if rows == 1 else None
-        if tensors is None or None in tensors:  # several rows, or a header not seen before
-            tensors = [decode(encoded[i], delta_encoded=delta) for i in range(len(encoded))]
-            chunk = chunk_store_lib.Chunk(key, tensors, sequence_range, delta_encoded=delta)
-        else:
-            for t in tensors:
-                if t.shape[:1] != (1,):
-                    raise errors.ReverbError(f"chunk {key} has 1 row but a tensor of shape {list(t.shape)}")
-            chunk = chunk_store_lib.Chunk(key, None, sequence_range, delta_encoded=delta, encoded=tensors,
-                                          decoder=_decode_pending)
-        for t in tensors:
-            nbytes += t.nbytes
-        entry = cache[cache_key] = (chunk, rows, len(tensors), nbytes)
+        if rows == 1:
+            tensors = [pending(encoded[i], delta_encoded=delta) for i in range(len(encoded))]
+            if None not in tensors:  # (None: a header not seen before, which decode_tensor checks)
+                for t in tensors:
+                    if t.shape[:1] != (1,):
+                        raise errors.ReverbError(f"chunk {key} has 1 row but a tensor of shape {list(t.shape)}")
+                chunk = chunk_store_lib.Chunk(key, None, sequence_range, delta_encoded=delta, encoded=tensors,
+                                              decoder=_decode_pending)
+                return chunk, 1, len(tensors), sum(t.nbytes for t in tensors)
+        tensors = [decode(encoded[i], delta_encoded=delta) for i in range(len(encoded))]
+        chunk = chunk_store_lib.Chunk(key, tensors, sequence_range, delta_encoded=delta)
+        nbytes = common.CHUNK_CACHE_ENTRY_BYTES + sum(t.nbytes for t in tensors)
+        if entry is not None:  # the same chunk with fewer rows
+            cache.nbytes -= entry[3]
+            del cache[key]
+        entry = cache[key] = (chunk, rows, len(tensors), nbytes)
         cache.nbytes += nbytes
         while len(cache) > 1 and (len(cache) > common.CHUNK_CACHE_SIZE or cache.nbytes > common.CHUNK_CACHE_BYTES):
             cache.nbytes -= cache.popitem(last=False)[1][3]
@@ -208,26 +212,24 @@ class SampleStream:
 
     def _samples(self, response, partial: list, cache) -> list:
         out = []
-        chunk_of = self._chunk
         sampled_item = table_lib.SampledItem
         entries = response.entries
         for e in range(len(entries)):
             entry = entries[e]
             if entry.HasField("info"):
-                partial[0] = (entry.info, {})
+                partial[0] = (entry.info, [])
             elif partial[0] is None:
                 raise errors.ReverbError("SampleStream sent sample data before its info")
-            chunks = partial[0][1]  # chunk key -> (chunk, rows, tensors, nbytes)
             data = entry.data
-            for i in range(len(data)):
-                found = chunk_of(data[i], cache)
-                chunks[found[0].key] = found
+            if len(data):
+                partial[0][1].append(data)
             if entry.end_of_sequence:
-                info, chunks = partial[0]
+                info, sent = partial[0]
                 partial[0] = None
                 item_proto = info.item
                 priority, times_sampled = item_proto.priority, item_proto.times_sampled
-                item = _sampled_item(item_proto.key, priority, times_sampled, item_proto.flat_trajectory, chunks)
+                item = _sampled_item(item_proto.key, priority, times_sampled, item_proto.flat_trajectory, sent,
+                                     cache, self._chunk)
                 out.append(sampled_item(item, priority, times_sampled, info.probability, info.table_size,
                                         info.rate_limited))
         return out
@@ -261,13 +263,18 @@ def _decode_pending(tensors: list) -> list:
     return [t.decode() for t in tensors]
 
 
-def _sampled_item(key: int, priority: float, times_sampled: int, trajectory_proto,
-                  chunks: dict) -> chunk_store_lib.Item:
-    """A core `Item` for a sample, built from its proto and decoded chunks (`chunk key -> (chunk, rows,
-    tensors, nbytes)`); bounds are checked here, so the item is made with `Item.from_resolved`: a sample is
-    unpacked once, full validation would only cost."""
-    columns, episode_ids = [], set()
-    get = chunks.get
+def _sampled_item(key: int, priority: float, times_sampled: int, trajectory_proto, sent: list, cache,
+                  chunk_of) -> chunk_store_lib.Item:
+    """A core `Item` for a sample, from its proto and the `ChunkData` lists of its entries (`sent`).
+
+    A slice whose chunk the call's cache already holds with enough rows is read from there (the server
+    sends every chunk with every sample that uses it: looking at its key is enough); otherwise every chunk
+    sent with the sample goes through `chunk_of` first. Bounds are checked here, so the item is made with
+    `Item.from_resolved`: a sample is unpacked once, full validation would only cost."""
+    sent_keys = {data[i].chunk_key for data in sent for i in range(len(data))}
+    own = None  # chunk key -> (chunk, rows, tensors, nbytes) of the chunks sent with this sample, when needed
+    get, touch = cache.get, cache.move_to_end
+    columns = []
     trajectory = trajectory_proto.columns
     for c in range(len(trajectory)):  # (indexing a repeated field costs a fraction of iterating over it)
         column = trajectory[c]
@@ -276,23 +283,32 @@ def _sampled_item(key: int, priority: float, times_sampled: int, trajectory_prot
         for j in range(len(slices)):
             s = slices[j]
             chunk_key = s.chunk_key
-            found = get(chunk_key)
-            if found is None:
-                raise errors.ReverbError(f"sampled item {key} refers to chunk {chunk_key}, which the server did "
-                                         f"not send with it")
-            chunk, rows, tensors, _ = found
             start, index = s.offset, s.index
             stop = start + s.length
+            found = get(chunk_key) if chunk_key in sent_keys else None
+            if found is None or stop > found[1]:
+                if own is None:
+                    own = {}
+                    for data in sent:
+                        for i in range(len(data)):
+                            entry = chunk_of(data[i], cache)
+                            own[entry[0].key] = entry
+                found = own.get(chunk_key)
+                if found is None:
+                    raise errors.ReverbError(f"sampled item {key} refers to chunk {chunk_key}, which the server "
+                                             f"did not send with it")
+            else:
+                touch(chunk_key)
+            chunk, rows, tensors, _ = found
             if start < 0 or stop > rows or stop <= start or not 0 <= index < tensors:
                 raise errors.ReverbError(f"sampled item {key}: slice [{start}, {stop}) of tensor {index} is out of "
                                          f"chunk {chunk_key}'s {tensors} tensors of {rows} rows")
             flat += (chunk, index, start, stop)
-            episode_ids.add(chunk.sequence_range.episode_id)
         if len(flat) == 1:
             raise errors.ReverbError(f"sampled item {key} has a column without chunk slices")
         columns.append(tuple(flat))
     if not columns:
         raise errors.ReverbError(f"sampled item {key} has no columns")
-    item = chunk_store_lib.Item.from_resolved(key, priority, tuple(columns), frozenset(episode_ids))
+    item = chunk_store_lib.Item.from_resolved(key, priority, tuple(columns))
     item.times_sampled = times_sampled
     return item

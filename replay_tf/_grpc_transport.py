@@ -7,11 +7,13 @@ Implements `replay_tf.client.Transport` over `deepmind.reverb.ReverbService`:
     so no later item can use it). Requests are assembled by the gRPC sending thread from everything queued
     at that moment (up to ~1 MiB), so `send` never blocks and fast writers get big requests (`send` yields
     the GIL to that thread while more than a request's worth of items wait);
-  - sample streams ask for `num_samples_per_request` samples per request (the next one only once those
-    have arrived and the caller asks for more, so nothing is sampled ahead of the caller); a thread reads
-    and decodes the responses, and `next_batch` hands out every complete sample received so far (up to the
-    request) as one flexible batch. Chunks are decoded once per call (a cache keyed by chunk key and row
-    count) and samples are core `Item`s, so everything built on the in-process path works unchanged.
+  - sample streams ask for `num_samples_per_request` samples per request (the next one once those have all
+    arrived while fewer than a request's worth wait to be taken, as Reverb's workers keep
+    `max_in_flight_samples_per_worker` in flight); a thread reads and decodes the responses, and
+    `next_batch` hands out every complete sample received so far (up to the request) as one flexible
+    batch. Chunks are decoded once per call (a cache by chunk key that keeps a grown chunk's longest
+    version; a slice of a cached chunk is read from there, its copy in the response only named) and
+    samples are core `Item`s, so everything built on the in-process path works unchanged.
 
 gRPC failures become Reverb's Python errors: DEADLINE_EXCEEDED -> `DeadlineExceededError`,
 INVALID_ARGUMENT / NOT_FOUND / FAILED_PRECONDITION -> `ValueError`, others -> `ReverbError`.

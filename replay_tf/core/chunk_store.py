@@ -15,7 +15,7 @@ from __future__ import annotations
 import random
 import threading
 import weakref
-from typing import Callable, Iterable, NamedTuple, Sequence
+from typing import Callable, Iterable, NamedTuple, Optional, Sequence
 
 import numpy as np
 
@@ -176,8 +176,10 @@ class Item:
         self._episode_ids = frozenset(c.sequence_range.episode_id for c in by_key.values())
 
     @classmethod
-    def from_resolved(cls, key: int, priority: float, columns: tuple, episode_ids: frozenset) -> "Item":
-        """An item from already valid resolved columns (see the class docstring); no validation."""
+    def from_resolved(cls, key: int, priority: float, columns: tuple,
+                      episode_ids: Optional[frozenset] = None) -> "Item":
+        """An item from already valid resolved columns (see the class docstring); no validation.
+        `episode_ids` None: worked out from the chunks on first access (sampled items rarely need them)."""
         item = cls.__new__(cls)
         item.key = key
         item.priority = priority
@@ -231,6 +233,9 @@ class Item:
 
     @property
     def episode_ids(self) -> frozenset:
+        if self._episode_ids is None:
+            self._episode_ids = frozenset(col[j].sequence_range.episode_id for col in self._columns
+                                          for j in range(1, len(col), 4))
         return self._episode_ids
 
     def column_arrays(self) -> list:

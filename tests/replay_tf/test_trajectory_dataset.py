@@ -199,13 +199,11 @@ def test_large_batches_held_by_the_caller_keep_their_values():
     server.stop()
 
 
-def test_remote_chunk_cache_is_bounded_in_bytes_and_samples_stay_exact(monkeypatch):
-    from replay_tf import _grpc_common
+def _record_chunk_cache(monkeypatch) -> list:
+    """Makes clients sample over gRPC and records (entries, bytes) of the chunk cache after every chunk."""
     from replay_tf import _grpc_sample
     from replay_tf import _grpc_transport
     from replay_tf import client as client_lib
-    entry_bytes = 16 * 16 * 4 + _grpc_common.CHUNK_CACHE_ENTRY_BYTES  # a one-row chunk and its objects
-    monkeypatch.setattr(_grpc_common, "CHUNK_CACHE_BYTES", 3 * entry_bytes)  # room for 3 of them
     sizes = []
     original = _grpc_sample.SampleStream._chunk
 
@@ -215,6 +213,36 @@ def test_remote_chunk_cache_is_bounded_in_bytes_and_samples_stay_exact(monkeypat
         return entry
     monkeypatch.setattr(_grpc_sample.SampleStream, "_chunk", staticmethod(recording_chunk))
     monkeypatch.setattr(client_lib, "make_transport", _grpc_transport.Transport)
+    return sizes
+
+
+def test_remote_chunk_cache_is_bounded_in_bytes_and_samples_stay_exact(monkeypatch):
+    from replay_tf import _grpc_common
+    entry_bytes = 2 * 16 * 16 * 4 + _grpc_common.CHUNK_CACHE_ENTRY_BYTES  # a two-row chunk and its objects
+    monkeypatch.setattr(_grpc_common, "CHUNK_CACHE_BYTES", 3 * entry_bytes)  # room for 3 of them
+    sizes = _record_chunk_cache(monkeypatch)
+    server = reverb.Server([reverb.Table("t", reverb.selectors.Uniform(), reverb.selectors.Fifo(), 100,
+                                         reverb.rate_limiters.MinSize(1))])
+    client = reverb.Client(f"localhost:{server.port}")
+    with client.trajectory_writer(num_keep_alive_refs=2) as writer:  # 1 KiB steps: chunks of 2 rows
+        for i in range(40):
+            writer.append(np.full([16, 16, 4], i, np.uint8))
+            if i % 2:
+                writer.create_item("t", 1.0, writer.history[-2:])
+    first_step = {item.key: int(item.column_arrays()[0][0, 0, 0, 0])
+                  for item in server.table("t").items_snapshot()}
+    dataset = reverb.TrajectoryDataset(f"localhost:{server.port}", "t", dtypes=tf.uint8,
+                                       shapes=tf.TensorShape([2, 16, 16, 4]), max_in_flight_samples_per_worker=8)
+    for batch in dataset.batch(8).take(10):
+        first = np.array([first_step[key] for key in batch.info.key.numpy().tolist()], np.uint8)
+        expected = np.stack([first, first + 1], axis=1)
+        assert (batch.data.numpy() == expected[:, :, None, None, None]).all()
+    assert sizes and max(n for n, _ in sizes) == 3 and max(b for _, b in sizes) == 3 * entry_bytes
+    server.stop()
+
+
+def test_remote_one_row_chunks_are_read_from_each_sample_not_cached(monkeypatch):
+    sizes = _record_chunk_cache(monkeypatch)
     server = reverb.Server([reverb.Table("t", reverb.selectors.Uniform(), reverb.selectors.Fifo(), 100,
                                          reverb.rate_limiters.MinSize(1))])
     client = reverb.Client(f"localhost:{server.port}")
@@ -226,7 +254,7 @@ def test_remote_chunk_cache_is_bounded_in_bytes_and_samples_stay_exact(monkeypat
     for batch in dataset.batch(8).take(10):
         expected = np.array([value_of[key] for key in batch.info.key.numpy().tolist()], np.uint8)
         assert (batch.data.numpy() == expected[:, None, None, None, None]).all()
-    assert sizes and max(n for n, _ in sizes) == 3 and max(b for _, b in sizes) == 3 * entry_bytes
+    assert len(sizes) >= 80 and max(sizes) == (0, 0)  # every sample's chunk was read, none kept
     server.stop()
 
 
@@ -431,6 +459,37 @@ def test_remote_samples_are_built_from_slices_of_chunks_sent_over_several_entrie
         0.5, 3, 0.25, 4)
     assert samples[0].item.times_sampled == 3 and samples[0].item.priority == 0.5
     assert samples[0].item.chunks[8] is samples[1].item.chunks[8]  # decoded once per call
+
+
+def test_remote_samples_read_a_grown_chunk_from_its_longest_version():
+    # An open chunk grows by appended rows: sent first with 2 rows, then with 3, then with 2 again.
+    rows = np.arange(6, dtype=np.int32).reshape(3, 2)
+    samples = _read_samples(_sample_response([
+        (11, [(7, 1, 0, [rows[:2]])], True, [(False, [(7, 0, 2, 0)])]),
+        (12, [(7, 1, 0, [rows])], True, [(False, [(7, 1, 2, 0)])]),
+        (13, [(7, 1, 0, [rows[:2]])], True, [(False, [(7, 0, 2, 0)])])]))
+    assert [s.item.column_arrays()[0].tolist() for s in samples] == [[[0, 1], [2, 3]], [[2, 3], [4, 5]],
+                                                                      [[0, 1], [2, 3]]]
+    first, second, third = (s.item.chunks[7] for s in samples)
+    assert first.num_rows == 2 and second.num_rows == 3
+    assert third is second  # the cached 3-row chunk serves the later 2-row slice: rows are only appended
+
+
+def test_remote_samples_must_carry_every_chunk_they_use_even_when_cached():
+    from replay_tf import errors
+    chunk = (7, 1, 0, [np.zeros([3, 2], np.int32)])
+    first = _sample_response([(11, [chunk], True, [(False, [(7, 0, 1, 0)])])])
+    second = _sample_response([(12, [], True, [(False, [(7, 1, 1, 0)])])])  # chunk 7 not sent again
+    with pytest.raises(errors.ReverbError, match=r"sampled item 12 refers to chunk 7, which the server did not "
+                                                 r"send with it"):
+        _read_samples(first, second)
+
+
+def test_remote_sample_items_know_their_episodes():
+    chunks = [(7, 41, 0, [np.zeros([3, 2], np.int32)]), (8, 42, 0, [np.ones([3], np.float32)])]
+    [sample] = _read_samples(_sample_response([(11, chunks, True, [(False, [(7, 0, 3, 0)]),
+                                                                      (True, [(8, 1, 1, 0)])])]))
+    assert sample.item.episode_ids == frozenset({41, 42})
 
 
 @pytest.mark.parametrize("columns,error", [

@@ -26,7 +26,8 @@ LINGER_S = 0.002                  # how long a request waits for more items (not
 CHUNK_CACHE_SIZE = 65536          # decoded chunks kept per sample stream (a 10k-step table of small steps
                                   # has ~7k chunks: 4096 decoded 1.4 chunks per sample)
 CHUNK_CACHE_ENTRY_BYTES = 512     # a cached chunk's Python objects, counted with its arrays' bytes
-CHUNK_CACHE_BYTES = 64 << 20      # and at most about this many bytes of them (Atari chunks are ~80 KiB)
+CHUNK_CACHE_BYTES = 64 << 20      # and at most about this many bytes of them (one-row chunks, e.g. Atari
+                                  # frames, are not cached: see _grpc_sample.SampleStream._chunk)
 CLOSE_TIMEOUT_S = 10.0
 CLOSE = object()
 

@@ -108,12 +108,13 @@ def _receive_floor(address: str) -> dict:
 
     import grpc  # noqa: PLC0415
 
+    from replay_tf import _grpc_common as common  # noqa: PLC0415
     from replay_tf.wire import reverb_service_pb2  # noqa: PLC0415
 
     out = {}
-    with grpc.insecure_channel(address, options=[("grpc.max_receive_message_length", -1)]) as channel:
-        method = channel.stream_stream("/deepmind.reverb.ReverbService/SampleStream",
-                                       request_serializer=lambda x: x, response_deserializer=lambda x: x)
+    with grpc.insecure_channel(address, options=common.CHANNEL_OPTIONS) as channel:  # our client's channel
+        method = channel.stream_stream(common.SERVICE + "SampleStream", request_serializer=common.identity,
+                                       response_deserializer=common.identity)
         for spec_name, (_, num_batches) in SPECS.items():
             request = reverb_service_pb2.SampleStreamRequest(table=f"t_{spec_name}", num_samples=512)
             request.rate_limiter_timeout.milliseconds = -1

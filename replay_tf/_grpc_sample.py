@@ -10,6 +10,7 @@ import grpc
 
 from replay_tf import _grpc_common as common
 from replay_tf import _malloc
+from replay_tf import _stacking
 from replay_tf import errors
 from replay_tf.core import chunk_store as chunk_store_lib
 from replay_tf.core import table as table_lib
@@ -30,11 +31,15 @@ class _ChunkCache(collections.OrderedDict):
 
 
 class SampleStream:
-    """A `SampleStream` of `replay_tf.client` over gRPC SampleStream calls."""
+    """A `SampleStream` of `replay_tf.client` over gRPC SampleStream calls.
+
+    With `stacked`, the call asks for rl-data-tf's extension: the server may send whole responses of
+    samples stacked per column, which `next_batch` hands out as `_stacking.StackedSamples` among the
+    `SampledItem`s (Reverb servers ignore the request field and send entries)."""
 
     def __init__(self, channel: grpc.Channel, table: str, num_samples_per_request: int,
                  rate_limiter_timeout_ms: Optional[int], max_samples_per_stream: Optional[int],
-                 max_samples: Optional[int] = None):
+                 max_samples: Optional[int] = None, stacked: bool = False):
         if num_samples_per_request < 1:
             raise ValueError(f"num_samples_per_request ({num_samples_per_request}) must be >= 1")
         self._method = channel.stream_stream(common.SERVICE + "SampleStream", request_serializer=common.identity,
@@ -47,13 +52,16 @@ class SampleStream:
         if timeout == 0:
             timeout = 1  # Reverb servers read 0 as "wait forever"; the caller asked not to wait
         self._timeout_ms = timeout
+        self._stacked = stacked
+        self._count = _stacking.count_samples if stacked else len
         self._requests: Optional[queue.Queue] = None
         self._results: Optional[queue.Queue] = None
         self._call = None
         self._state: Optional[_CallState] = None
 
     def _request(self, count: int) -> bytes:
-        request = reverb_service_pb2.SampleStreamRequest(table=self._table, num_samples=count)
+        request = reverb_service_pb2.SampleStreamRequest(table=self._table, num_samples=count,
+                                                         replay_tf_stacked=self._stacked)
         request.rate_limiter_timeout.milliseconds = self._timeout_ms
         return request.SerializeToString()
 
@@ -104,11 +112,12 @@ class SampleStream:
             for raw in call:
                 batch = self._samples(reverb_service_pb2.SampleStreamResponse.FromString(raw), partial, cache)
                 if batch:
+                    count = self._count(batch)
                     with state.cv:
-                        state.buffered += len(batch)
+                        state.buffered += count
                     results.put(batch)
-                    received += len(batch)
-                    stream_samples += len(batch)
+                    received += count
+                    stream_samples += count
                 if received < asked:
                     continue
                 received = 0
@@ -149,8 +158,9 @@ class SampleStream:
                 self.close()
                 raise first
             batch = first
+            count = self._count(batch)
             # Everything else that has arrived, up to a request's worth.
-            while len(batch) < self._num_samples:
+            while count < self._num_samples:
                 try:
                     more = self._results.get_nowait()
                 except queue.Empty:
@@ -159,9 +169,10 @@ class SampleStream:
                     self._results.put(more)  # handled by the next call, after these samples (nothing follows it)
                     break
                 batch = batch + more
+                count += self._count(more)
             state = self._state
             with state.cv:
-                state.buffered -= len(batch)
+                state.buffered -= count
                 state.cv.notify()
             return batch
 
@@ -211,6 +222,10 @@ class SampleStream:
         return entry
 
     def _samples(self, response, partial: list, cache) -> list:
+        if response.HasField("replay_tf_stacked"):
+            if len(response.entries) or partial[0] is not None:
+                raise errors.ReverbError("SampleStream sent stacked samples with entries, or inside a sample")
+            return [_stacking.stacked_from_proto(response.replay_tf_stacked)]
         out = []
         sampled_item = table_lib.SampledItem
         entries = response.entries

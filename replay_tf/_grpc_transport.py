@@ -90,9 +90,9 @@ class Transport:
     def open_sample_stream(self, table: str, num_samples_per_request: int,
                            rate_limiter_timeout_ms: Optional[int], *,
                            max_samples_per_stream: Optional[int] = None,
-                           max_samples: Optional[int] = None) -> _grpc_sample.SampleStream:
+                           max_samples: Optional[int] = None, stacked: bool = False) -> _grpc_sample.SampleStream:
         return _grpc_sample.SampleStream(self._channel, table, num_samples_per_request, rate_limiter_timeout_ms,
-                             max_samples_per_stream, max_samples)
+                                         max_samples_per_stream, max_samples, stacked)
 
     def mutate_priorities(self, table: str, updates: list, deletes: list) -> None:
         request = reverb_service_pb2.MutatePrioritiesRequest(table=table, delete_keys=[int(k) for k in deletes])

@@ -170,8 +170,9 @@ class InProcessTransport:
     def open_sample_stream(self, table: str, num_samples_per_request: int,
                            rate_limiter_timeout_ms: Optional[int], *,
                            max_samples_per_stream: Optional[int] = None,
-                           max_samples: Optional[int] = None) -> SampleStream:
+                           max_samples: Optional[int] = None, stacked: bool = False) -> SampleStream:
         del max_samples_per_stream  # streams are only re-opened to balance remote servers
+        del stacked  # in-process samples are core items already: nothing to save by stacking them here
         return SampleStream(self.server, table, num_samples_per_request, rate_limiter_timeout_ms, max_samples)
 
     def mutate_priorities(self, table: str, updates: list, deletes: list) -> None:

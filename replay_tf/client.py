@@ -75,9 +75,10 @@ class Transport(Protocol):
     def open_sample_stream(self, table: str, num_samples_per_request: int,
                            rate_limiter_timeout_ms: Optional[int], *,
                            max_samples_per_stream: Optional[int] = None,
-                           max_samples: Optional[int] = None) -> SampleStream:
+                           max_samples: Optional[int] = None, stacked: bool = False) -> SampleStream:
         """A stream that takes at most `max_samples` samples from the table in all (None: no limit), so a
-        caller that wants N samples never removes more than N items from a queue."""
+        caller that wants N samples never removes more than N items from a queue. With `stacked`, its
+        batches may also hold `_stacking.StackedSamples` (several samples each, see `count_samples`)."""
 
     def mutate_priorities(self, table: str, updates: list, deletes: list) -> None: ...
 

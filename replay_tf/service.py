@@ -45,6 +45,7 @@ import numpy as np
 from google.protobuf import message as protobuf_message
 
 from replay_tf import _grpc_common
+from replay_tf import _stacking
 from replay_tf import errors
 from replay_tf.core import chunk_store as chunk_store_lib
 from replay_tf.core import table as table_lib
@@ -70,6 +71,7 @@ DEFAULT_MAX_WORKERS = 64
 _RESPONSE_TARGET_BYTES = 2 << 20   # start a new SampleStreamResponse past this size (Reverb's 2 MiB)
 _FIRST_SAMPLE_BATCH = 64           # Reverb's flexible batches: 64 samples first, then doubling
 _MAX_SAMPLE_BATCH = 1024
+_DECODED_CHUNK_BYTES = 64 << 20    # decoded multi-row chunks kept for stacked sample streams (_stacking)
 _MAX_CHECKED_LAYOUTS = 4096      # column layouts a stream remembers as matching their table's signature
 _WAIT_SLICE_MS = 250               # blocked inserts and samples check this often that their client is there
 
@@ -259,6 +261,7 @@ class ReverbServicer:
         self._trajectories: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
         self._chunk_heads: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
         self._trajectories_lock = threading.Lock()
+        self._decoded_chunks = _stacking.DecodedChunks(_DECODED_CHUNK_BYTES)  # for stacked sample streams
 
     # --- helpers ---
 
@@ -569,11 +572,12 @@ class ReverbServicer:
             # Reverb servers wait forever for timeouts <= 0 (missing, -1 or 0).
             deadline = time.monotonic() + timeout_ms / 1000.0 if timeout_ms > 0 else None
             remaining, batch_size = request.num_samples, _FIRST_SAMPLE_BATCH
+            responses = self._stacked_responses if request.replay_tf_stacked else self._responses
             while remaining > 0:
                 batch = self._sample(entry.table, min(remaining, batch_size), deadline, context, cancelled)
                 remaining -= len(batch)
                 batch_size = min(batch_size * 2, _MAX_SAMPLE_BATCH)
-                yield from self._responses(entry, batch)
+                yield from responses(entry, batch)
 
     @staticmethod
     def _sample(table: table_lib.Table, num_samples: int, deadline: Optional[float], context,
@@ -619,6 +623,31 @@ class ReverbServicer:
                 self._chunk_heads[chunk] = cached
             fields.append(cached)
         return fields
+
+    def _stacked_responses(self, entry: _TableEntry, batch: list) -> Iterator[bytes]:
+        """`_responses` for a client that asked for stacked samples (rl-data-tf's extension): each response
+        holds up to ~`_RESPONSE_TARGET_BYTES` of whole samples stacked per column. Samples whose columns
+        differ in count, dtype or shape (or hold strings) are sent as entries, the standard way."""
+        tensors_of = self._decoded_chunks.tensors_of()
+        start = 0
+        while start < len(batch):
+            # Size the response by the first sample, stacked alone: a response never splits a sample.
+            first = batch[start:start + 1]
+            columns = _stacking.stack_items([first[0].item], tensors_of)
+            if columns is None:
+                yield from self._responses(entry, first)
+                start += 1
+                continue
+            per_sample = max(1, sum(c.nbytes for c in columns))
+            stop = min(len(batch), start + max(1, _RESPONSE_TARGET_BYTES // per_sample))
+            group = batch[start:stop]
+            if len(group) > 1:
+                columns = _stacking.stack_items([s.item for s in group], tensors_of)
+            if columns is None:
+                yield from self._responses(entry, group)
+            else:
+                yield _stacking.stacked_response(group, columns)
+            start = stop
 
     def _responses(self, entry: _TableEntry, batch: list) -> Iterator[bytes]:
         parts, size = [], 0

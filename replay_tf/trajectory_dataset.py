@@ -33,8 +33,8 @@ import numpy as np
 import tensorflow as tf
 import tree
 
+from replay_tf import _stacking
 from replay_tf import errors
-from replay_tf.wire import codec
 
 # How long (milliseconds) a blocked sampler waits before yielding control back to tf.data.
 _POLL_MS = 100
@@ -118,11 +118,18 @@ class TrajectoryDataset(tf.data.Dataset):
         iteration (0 ends it as soon as sampling would block).
       max_samples: -1 for no limit, else the iteration ends after this many samples; with one worker no
         more than that many are taken from the table (nothing sampled ahead is lost from a queue).
+      stacked_samples: (an addition) whether to ask remote servers for samples stacked per column, an
+        extension of Reverb's protocol that rl-data-tf servers implement (Reverb servers ignore it and
+        send samples as usual): the server gathers each response's samples into one array per column, which
+        spares the client, whose single Python thread bounds the rate, most of its work per sample. The
+        columns travel uncompressed, so the default (None) asks only servers on this machine (loopback
+        addresses); True asks any server, False none. Needs fully defined shapes.
     """
 
     def __init__(self, server_address: str, table: str, dtypes: Any, shapes: Any,
                  max_in_flight_samples_per_worker: int, num_workers_per_iterator: int = -1,
-                 max_samples_per_stream: int = -1, rate_limiter_timeout_ms: int = -1, max_samples: int = -1):
+                 max_samples_per_stream: int = -1, rate_limiter_timeout_ms: int = -1, max_samples: int = -1,
+                 *, stacked_samples: Optional[bool] = None):
         if max_in_flight_samples_per_worker < 1:
             raise ValueError(f"max_in_flight_samples_per_worker ({max_in_flight_samples_per_worker}) must be a "
                              f"positive integer")
@@ -152,6 +159,7 @@ class TrajectoryDataset(tf.data.Dataset):
         self._max_samples_per_stream = None if max_samples_per_stream == -1 else max_samples_per_stream
         self._timeout_ms = None if rate_limiter_timeout_ms == -1 else rate_limiter_timeout_ms
         self._max_samples = None if max_samples == -1 else max_samples
+        self._stacked = _is_loopback(server_address) if stacked_samples is None else bool(stacked_samples)
         self._validate_against_signature()
         self._dataset = self._build()
         super().__init__(self._dataset._variant_tensor)
@@ -160,7 +168,8 @@ class TrajectoryDataset(tf.data.Dataset):
     def from_table_signature(cls, server_address: str, table: str, max_in_flight_samples_per_worker: int,
                              num_workers_per_iterator: int = -1, max_samples_per_stream: int = -1,
                              rate_limiter_timeout_ms: int = -1, get_signature_timeout_secs: Optional[int] = None,
-                             max_samples: int = -1) -> "TrajectoryDataset":
+                             max_samples: int = -1, *, stacked_samples: Optional[bool] = None
+                             ) -> "TrajectoryDataset":
         """A dataset whose dtypes and shapes come from the table's signature."""
         from replay_tf.client import Client  # noqa: PLC0415
 
@@ -177,7 +186,8 @@ class TrajectoryDataset(tf.data.Dataset):
                    max_in_flight_samples_per_worker=max_in_flight_samples_per_worker,
                    num_workers_per_iterator=num_workers_per_iterator,
                    max_samples_per_stream=max_samples_per_stream,
-                   rate_limiter_timeout_ms=rate_limiter_timeout_ms, max_samples=max_samples)
+                   rate_limiter_timeout_ms=rate_limiter_timeout_ms, max_samples=max_samples,
+                   stacked_samples=stacked_samples)
 
     @property
     def element_spec(self):
@@ -253,14 +263,33 @@ class TrajectoryDataset(tf.data.Dataset):
                                  f"dtype={dtype.name} shape={shape}")
 
     def _stack(self, samples: list, pool: Optional["_BufferPool"] = None) -> ReplaySample:
-        """One `ReplaySample` of arrays stacked along a new leading axis (fully defined shapes only)."""
+        """One `ReplaySample` of arrays stacked along a new leading axis (fully defined shapes only), from a
+        sample stream's batch: `SampledItem`s and `StackedSamples` (see `_stacking`)."""
+        empty = _aligned_empty if pool is None else pool.empty
+        data = [empty((_stacking.count_samples(samples), *shape.as_list()), _numpy_dtype(dtype))
+                for dtype, shape in zip(self._column_dtypes, self._column_shapes)]
+        infos = []
+        pos = 0
+        for run in _runs(samples):
+            if type(run) is _stacking.StackedSamples:
+                self._check_columns([c[0] for c in run.columns])  # (row 0: every row has its dtype and shape)
+                for out, column in zip(data, run.columns):
+                    out[pos:pos + len(run)] = column
+                infos.append(SampleInfo(run.keys, run.probabilities, run.table_sizes, run.priorities,
+                                        run.times_sampled))
+            else:
+                self._gather(run, [out[pos:pos + len(run)] for out in data])
+                infos.append(_info_arrays(run))
+            pos += len(run)
+        info = infos[0] if len(infos) == 1 else SampleInfo(*map(np.concatenate, zip(*infos)))
+        return ReplaySample(info, tree.unflatten_as(self._data_structure, data))
+
+    def _gather(self, samples: list, data: list) -> None:
+        """Fills `data` (one array per column) with the columns of `SampledItem`s."""
         items = [s.item for s in samples]
         per_item = None
-        data = []
-        empty = _aligned_empty if pool is None else pool.empty
-        for i, (dtype, shape) in enumerate(zip(self._column_dtypes, self._column_shapes)):
-            out = empty((len(samples), *shape.as_list()), _numpy_dtype(dtype))
-            if not _gather_column(items, i, out):
+        for i, out in enumerate(data):
+            if not _stacking.gather_column(items, i, out):
                 if per_item is None:
                     per_item = [item.column_arrays() for item in items]
                     self._check_columns(per_item[0])
@@ -270,8 +299,6 @@ class TrajectoryDataset(tf.data.Dataset):
                     for cols in per_item:
                         self._check_columns(cols)
                     raise
-            data.append(out)
-        return ReplaySample(_info_arrays(samples), tree.unflatten_as(self._data_structure, data))
 
     def _empty(self) -> ReplaySample:
         """A batch of zero samples (unknown dimensions set to 0)."""
@@ -289,16 +316,18 @@ class TrajectoryDataset(tf.data.Dataset):
         # One worker never takes more than `max_samples` from the table (a queue loses nothing); several
         # workers share no budget, so each may have up to `request` samples in flight past the limit.
         budget = self._max_samples if self._num_workers == 1 else None
+        fully_defined = all(s.is_fully_defined() for s in self._column_shapes)
+        stacked = self._stacked and fully_defined  # (variable shapes are not stacked here either)
         def open_stream():
             return transport.open_sample_stream(self._table, request, self._timeout_ms,
                                                 max_samples_per_stream=self._max_samples_per_stream,
-                                                max_samples=budget)
+                                                max_samples=budget, stacked=stacked)
 
         stream = open_stream() if self._num_workers == 1 else _ParallelStreams(open_stream, self._num_workers)
         remaining = self._max_samples
-        fully_defined = all(s.is_fully_defined() for s in self._column_shapes)
         pool = _BufferPool()
         pending: list = []
+        pending_count = 0
         try:
             while remaining is None or remaining > 0:
                 try:
@@ -308,14 +337,19 @@ class TrajectoryDataset(tf.data.Dataset):
                 if not batch:  # still blocked: let tf.data check for cancellation
                     yield self._empty()
                     continue
+                count = _stacking.count_samples(batch)
                 if remaining is not None:
-                    batch = batch[:remaining]
-                    remaining -= len(batch)
+                    if count > remaining:
+                        batch, _ = _stacking.split_samples(batch, remaining)
+                        count = remaining
+                    remaining -= count
                 if batch_size is not None:
                     pending.extend(batch)
-                    while len(pending) >= batch_size:
-                        yield self._stack(pending[:batch_size], pool)
-                        del pending[:batch_size]
+                    pending_count += count
+                    while pending_count >= batch_size:
+                        head, pending = _stacking.split_samples(pending, batch_size)
+                        pending_count -= batch_size
+                        yield self._stack(head, pool)
                 elif fully_defined:
                     yield self._stack(batch, pool)
                 else:  # variable shapes cannot be stacked: one sample per element
@@ -464,81 +498,30 @@ class _BufferPool:
         return array
 
 
-_get_squeeze = operator.itemgetter(0)
-_get_start = operator.itemgetter(3)
-_get_stop = operator.itemgetter(4)
+def _is_loopback(server_address: str) -> bool:
+    """Whether `server_address` (`host:port`, gRPC's `dns:`/`ipv4:`/`ipv6:`/`unix:` forms) names this machine."""
+    address = server_address.lower()
+    if address.startswith(("unix:", "unix-abstract:")):
+        return True
+    for scheme in ("dns:///", "dns:", "ipv4:", "ipv6:"):
+        if address.startswith(scheme):
+            address = address[len(scheme):]
+            break
+    host = address.rsplit(":", 1)[0] if address.count(":") == 1 or address.startswith("[") else address
+    host = host.strip("[]")
+    return host in ("localhost", "::1", "0:0:0:0:0:0:0:1") or host.startswith("127.")
 
 
-def _gather_column(items: list, i: int, out: np.ndarray) -> bool:
-    """Fills `out[k]` with column `i` of `items[k]`: one view per chunk slice, copied by one concatenate.
-
-    Returns False (leaving `out` partly written) when some item's column does not have exactly `out`'s
-    dtype and shape; the caller then stacks item by item, with precise errors.
-    """
-    n = len(items)
-    columns = [item._columns[i] for item in items]  # (squeeze, chunk, index, start, stop[, chunk, ...])
-    squeeze = columns[0][0]
-    if any(map(squeeze.__ne__, map(_get_squeeze, columns))):
-        return False
-    if squeeze:  # one row of one chunk each (Item guarantees it): out's rows are the rows of the chunks
-        rows, target = 1, out
-    else:
-        if out.ndim < 2:
-            return False
-        rows, target = out.shape[1], out.reshape(n * out.shape[1], *out.shape[2:])
-    pending = codec.pending_tensors
-    if any(pending(col[j]) is not None for col in columns for j in range(1, len(col), 4)):
-        return _decode_column(columns, rows, target)
-    if all(map((5).__eq__, map(len, columns))):  # every column is one slice
-        if not squeeze:
-            lengths = np.fromiter(map(_get_stop, columns), np.int64, n) - np.fromiter(map(_get_start, columns),
-                                                                                      np.int64, n)
-            if (lengths != rows).any():
-                return False
-        views = [col[1].tensors[col[2]][col[3]:col[4]] for col in columns]
-    else:
-        views = []
-        append = views.append
-        for col in columns:
-            total = 0
-            for j in range(1, len(col), 4):
-                part = col[j].tensors[col[j + 1]][col[j + 2]:col[j + 3]]
-                total += len(part)
-                append(part)
-            if total != rows:
-                return False
-    try:
-        # casting="no": a column of another dtype is an error, not a conversion
-        np.concatenate(views, axis=0, out=target, casting="no")
-    except (ValueError, TypeError):
-        return False
-    return True
-
-
-def _decode_column(columns: list, rows: int, target: np.ndarray) -> bool:
-    """`_gather_column` for columns with chunks still encoded (one-row chunks of a remote sample stream):
-    each such chunk is decoded straight into its row of `target`, the rest copied from their tensors."""
-    pos = 0
-    for col in columns:
-        stop_row = pos + rows
-        for j in range(1, len(col), 4):
-            chunk, index, start, stop = col[j], col[j + 1], col[j + 2], col[j + 3]
-            end = pos + stop - start
-            if end > stop_row:
-                return False
-            encoded = codec.pending_tensors(chunk)
-            if encoded is not None:
-                tensor = encoded[index]
-                part = target[pos:end]
-                if start != 0 or tensor.shape != part.shape or tensor.dtype != part.dtype:
-                    return False
-                tensor.decode_into(part)
-            else:
-                view = chunk.tensors[index][start:stop]
-                if view.shape[1:] != target.shape[1:] or view.dtype != target.dtype:
-                    return False
-                target[pos:end] = view
-            pos = end
-        if pos != stop_row:
-            return False
-    return True
+def _runs(samples: list) -> list:
+    """`samples` as runs to stack: each `StackedSamples` alone, consecutive `SampledItem`s as one list."""
+    runs: list = []
+    start = 0
+    for i, sample in enumerate(samples):
+        if type(sample) is _stacking.StackedSamples:
+            if i > start:
+                runs.append(samples[start:i])
+            runs.append(sample)
+            start = i + 1
+    if start < len(samples):
+        runs.append(samples if start == 0 else samples[start:])
+    return runs

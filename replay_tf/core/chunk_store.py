@@ -86,6 +86,12 @@ class Chunk:
     def tensors(self, value: list) -> None:
         self._tensors = value
 
+    def read_tensors(self) -> list:
+        """`tensors`, without keeping them on the chunk when they had to be decoded for this call."""
+        if self._tensors is not None:
+            return self._tensors
+        return list(self._decoder(self.encoded))
+
     @property
     def is_decoded(self) -> bool:
         """Whether `tensors` are at hand (False: only the encoded form is held so far)."""

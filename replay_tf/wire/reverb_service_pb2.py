@@ -13,45 +13,48 @@ _sym_db = _symbol_database.Default()
 
 
 from replay_tf.wire import schema_pb2 as replay__tf_dot_wire_dot_schema__pb2
+from tensorflow.core.framework import tensor_pb2 as tensorflow_dot_core_dot_framework_dot_tensor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#replay_tf/wire/reverb_service.proto\x12\x0f\x64\x65\x65pmind.reverb\x1a\x1breplay_tf/wire/schema.proto\"]\n\x1bInitializeConnectionRequest\x12\x0b\n\x03pid\x18\x01 \x01(\x03\x12\x12\n\ntable_name\x18\x02 \x01(\t\x12\x1d\n\x15ownership_transferred\x18\x03 \x01(\x08\"/\n\x1cInitializeConnectionResponse\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\x03\"\x13\n\x11\x43heckpointRequest\"-\n\x12\x43heckpointResponse\x12\x17\n\x0f\x63heckpoint_path\x18\x01 \x01(\t\"\x8b\x01\n\x13InsertStreamRequest\x12*\n\x06\x63hunks\x18\x01 \x03(\x0b\x32\x1a.deepmind.reverb.ChunkData\x12/\n\x05items\x18\x02 \x03(\x0b\x32 .deepmind.reverb.PrioritizedItem\x12\x17\n\x0fkeep_chunk_keys\x18\x03 \x03(\x04\"$\n\x14InsertStreamResponse\x12\x0c\n\x04keys\x18\x01 \x03(\x04\"p\n\x17MutatePrioritiesRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x31\n\x07updates\x18\x02 \x03(\x0b\x32 .deepmind.reverb.KeyWithPriority\x12\x13\n\x0b\x64\x65lete_keys\x18\x03 \x03(\x04\"\x1a\n\x18MutatePrioritiesResponse\"\x1d\n\x0cResetRequest\x12\r\n\x05table\x18\x01 \x01(\t\"\x0f\n\rResetResponse\"w\n\x13SampleStreamRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x13\n\x0bnum_samples\x18\x02 \x01(\x03\x12\x36\n\x14rate_limiter_timeout\x18\x03 \x01(\x0b\x32\x18.deepmind.reverb.TimeoutJ\x04\x08\x04\x10\x05\"\xd7\x01\n\x14SampleStreamResponse\x12\x42\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x31.deepmind.reverb.SampleStreamResponse.SampleEntry\x1a{\n\x0bSampleEntry\x12)\n\x04info\x18\x01 \x01(\x0b\x32\x1b.deepmind.reverb.SampleInfo\x12(\n\x04\x64\x61ta\x18\x02 \x03(\x0b\x32\x1a.deepmind.reverb.ChunkData\x12\x17\n\x0f\x65nd_of_sequence\x18\x03 \x01(\x08\"\x13\n\x11ServerInfoRequest\"w\n\x12ServerInfoResponse\x12\x31\n\x0ftables_state_id\x18\x01 \x01(\x0b\x32\x18.deepmind.reverb.Uint128\x12.\n\ntable_info\x18\x02 \x03(\x0b\x32\x1a.deepmind.reverb.TableInfo2\xb7\x05\n\rReverbService\x12W\n\nCheckpoint\x12\".deepmind.reverb.CheckpointRequest\x1a#.deepmind.reverb.CheckpointResponse\"\x00\x12\x61\n\x0cInsertStream\x12$.deepmind.reverb.InsertStreamRequest\x1a%.deepmind.reverb.InsertStreamResponse\"\x00(\x01\x30\x01\x12i\n\x10MutatePriorities\x12(.deepmind.reverb.MutatePrioritiesRequest\x1a).deepmind.reverb.MutatePrioritiesResponse\"\x00\x12H\n\x05Reset\x12\x1d.deepmind.reverb.ResetRequest\x1a\x1e.deepmind.reverb.ResetResponse\"\x00\x12\x61\n\x0cSampleStream\x12$.deepmind.reverb.SampleStreamRequest\x1a%.deepmind.reverb.SampleStreamResponse\"\x00(\x01\x30\x01\x12W\n\nServerInfo\x12\".deepmind.reverb.ServerInfoRequest\x1a#.deepmind.reverb.ServerInfoResponse\"\x00\x12y\n\x14InitializeConnection\x12,.deepmind.reverb.InitializeConnectionRequest\x1a-.deepmind.reverb.InitializeConnectionResponse\"\x00(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#replay_tf/wire/reverb_service.proto\x12\x0f\x64\x65\x65pmind.reverb\x1a\x1breplay_tf/wire/schema.proto\x1a&tensorflow/core/framework/tensor.proto\"]\n\x1bInitializeConnectionRequest\x12\x0b\n\x03pid\x18\x01 \x01(\x03\x12\x12\n\ntable_name\x18\x02 \x01(\t\x12\x1d\n\x15ownership_transferred\x18\x03 \x01(\x08\"/\n\x1cInitializeConnectionResponse\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\x03\"\x13\n\x11\x43heckpointRequest\"-\n\x12\x43heckpointResponse\x12\x17\n\x0f\x63heckpoint_path\x18\x01 \x01(\t\"\x8b\x01\n\x13InsertStreamRequest\x12*\n\x06\x63hunks\x18\x01 \x03(\x0b\x32\x1a.deepmind.reverb.ChunkData\x12/\n\x05items\x18\x02 \x03(\x0b\x32 .deepmind.reverb.PrioritizedItem\x12\x17\n\x0fkeep_chunk_keys\x18\x03 \x03(\x04\"$\n\x14InsertStreamResponse\x12\x0c\n\x04keys\x18\x01 \x03(\x04\"p\n\x17MutatePrioritiesRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x31\n\x07updates\x18\x02 \x03(\x0b\x32 .deepmind.reverb.KeyWithPriority\x12\x13\n\x0b\x64\x65lete_keys\x18\x03 \x03(\x04\"\x1a\n\x18MutatePrioritiesResponse\"\x1d\n\x0cResetRequest\x12\r\n\x05table\x18\x01 \x01(\t\"\x0f\n\rResetResponse\"\x93\x01\n\x13SampleStreamRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x13\n\x0bnum_samples\x18\x02 \x01(\x03\x12\x36\n\x14rate_limiter_timeout\x18\x03 \x01(\x0b\x32\x18.deepmind.reverb.Timeout\x12\x1a\n\x11replay_tf_stacked\x18\xe8\x07 \x01(\x08J\x04\x08\x04\x10\x05\"\x94\x02\n\x14SampleStreamResponse\x12\x42\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x31.deepmind.reverb.SampleStreamResponse.SampleEntry\x12;\n\x11replay_tf_stacked\x18\xe8\x07 \x01(\x0b\x32\x1f.deepmind.reverb.StackedSamples\x1a{\n\x0bSampleEntry\x12)\n\x04info\x18\x01 \x01(\x0b\x32\x1b.deepmind.reverb.SampleInfo\x12(\n\x04\x64\x61ta\x18\x02 \x03(\x0b\x32\x1a.deepmind.reverb.ChunkData\x12\x17\n\x0f\x65nd_of_sequence\x18\x03 \x01(\x08\"\xb5\x01\n\x0eStackedSamples\x12\x0c\n\x04keys\x18\x01 \x03(\x06\x12\x12\n\npriorities\x18\x02 \x03(\x01\x12\x15\n\rtimes_sampled\x18\x03 \x03(\x0f\x12\x15\n\rprobabilities\x18\x04 \x03(\x01\x12\x13\n\x0btable_sizes\x18\x05 \x03(\x10\x12\x14\n\x0crate_limited\x18\x06 \x03(\x08\x12(\n\x07\x63olumns\x18\x07 \x03(\x0b\x32\x17.tensorflow.TensorProto\"\x13\n\x11ServerInfoRequest\"w\n\x12ServerInfoResponse\x12\x31\n\x0ftables_state_id\x18\x01 \x01(\x0b\x32\x18.deepmind.reverb.Uint128\x12.\n\ntable_info\x18\x02 \x03(\x0b\x32\x1a.deepmind.reverb.TableInfo2\xb7\x05\n\rReverbService\x12W\n\nCheckpoint\x12\".deepmind.reverb.CheckpointRequest\x1a#.deepmind.reverb.CheckpointResponse\"\x00\x12\x61\n\x0cInsertStream\x12$.deepmind.reverb.InsertStreamRequest\x1a%.deepmind.reverb.InsertStreamResponse\"\x00(\x01\x30\x01\x12i\n\x10MutatePriorities\x12(.deepmind.reverb.MutatePrioritiesRequest\x1a).deepmind.reverb.MutatePrioritiesResponse\"\x00\x12H\n\x05Reset\x12\x1d.deepmind.reverb.ResetRequest\x1a\x1e.deepmind.reverb.ResetResponse\"\x00\x12\x61\n\x0cSampleStream\x12$.deepmind.reverb.SampleStreamRequest\x1a%.deepmind.reverb.SampleStreamResponse\"\x00(\x01\x30\x01\x12W\n\nServerInfo\x12\".deepmind.reverb.ServerInfoRequest\x1a#.deepmind.reverb.ServerInfoResponse\"\x00\x12y\n\x14InitializeConnection\x12,.deepmind.reverb.InitializeConnectionRequest\x1a-.deepmind.reverb.InitializeConnectionResponse\"\x00(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'replay_tf.wire.reverb_service_pb2', _globals)
 if _descriptor._USE_C_DESCRIPTORS == False:
   DESCRIPTOR._options = None
-  _globals['_INITIALIZECONNECTIONREQUEST']._serialized_start=85
-  _globals['_INITIALIZECONNECTIONREQUEST']._serialized_end=178
-  _globals['_INITIALIZECONNECTIONRESPONSE']._serialized_start=180
-  _globals['_INITIALIZECONNECTIONRESPONSE']._serialized_end=227
-  _globals['_CHECKPOINTREQUEST']._serialized_start=229
-  _globals['_CHECKPOINTREQUEST']._serialized_end=248
-  _globals['_CHECKPOINTRESPONSE']._serialized_start=250
-  _globals['_CHECKPOINTRESPONSE']._serialized_end=295
-  _globals['_INSERTSTREAMREQUEST']._serialized_start=298
-  _globals['_INSERTSTREAMREQUEST']._serialized_end=437
-  _globals['_INSERTSTREAMRESPONSE']._serialized_start=439
-  _globals['_INSERTSTREAMRESPONSE']._serialized_end=475
-  _globals['_MUTATEPRIORITIESREQUEST']._serialized_start=477
-  _globals['_MUTATEPRIORITIESREQUEST']._serialized_end=589
-  _globals['_MUTATEPRIORITIESRESPONSE']._serialized_start=591
-  _globals['_MUTATEPRIORITIESRESPONSE']._serialized_end=617
-  _globals['_RESETREQUEST']._serialized_start=619
-  _globals['_RESETREQUEST']._serialized_end=648
-  _globals['_RESETRESPONSE']._serialized_start=650
-  _globals['_RESETRESPONSE']._serialized_end=665
-  _globals['_SAMPLESTREAMREQUEST']._serialized_start=667
-  _globals['_SAMPLESTREAMREQUEST']._serialized_end=786
-  _globals['_SAMPLESTREAMRESPONSE']._serialized_start=789
-  _globals['_SAMPLESTREAMRESPONSE']._serialized_end=1004
-  _globals['_SAMPLESTREAMRESPONSE_SAMPLEENTRY']._serialized_start=881
-  _globals['_SAMPLESTREAMRESPONSE_SAMPLEENTRY']._serialized_end=1004
-  _globals['_SERVERINFOREQUEST']._serialized_start=1006
-  _globals['_SERVERINFOREQUEST']._serialized_end=1025
-  _globals['_SERVERINFORESPONSE']._serialized_start=1027
-  _globals['_SERVERINFORESPONSE']._serialized_end=1146
-  _globals['_REVERBSERVICE']._serialized_start=1149
-  _globals['_REVERBSERVICE']._serialized_end=1844
+  _globals['_INITIALIZECONNECTIONREQUEST']._serialized_start=125
+  _globals['_INITIALIZECONNECTIONREQUEST']._serialized_end=218
+  _globals['_INITIALIZECONNECTIONRESPONSE']._serialized_start=220
+  _globals['_INITIALIZECONNECTIONRESPONSE']._serialized_end=267
+  _globals['_CHECKPOINTREQUEST']._serialized_start=269
+  _globals['_CHECKPOINTREQUEST']._serialized_end=288
+  _globals['_CHECKPOINTRESPONSE']._serialized_start=290
+  _globals['_CHECKPOINTRESPONSE']._serialized_end=335
+  _globals['_INSERTSTREAMREQUEST']._serialized_start=338
+  _globals['_INSERTSTREAMREQUEST']._serialized_end=477
+  _globals['_INSERTSTREAMRESPONSE']._serialized_start=479
+  _globals['_INSERTSTREAMRESPONSE']._serialized_end=515
+  _globals['_MUTATEPRIORITIESREQUEST']._serialized_start=517
+  _globals['_MUTATEPRIORITIESREQUEST']._serialized_end=629
+  _globals['_MUTATEPRIORITIESRESPONSE']._serialized_start=631
+  _globals['_MUTATEPRIORITIESRESPONSE']._serialized_end=657
+  _globals['_RESETREQUEST']._serialized_start=659
+  _globals['_RESETREQUEST']._serialized_end=688
+  _globals['_RESETRESPONSE']._serialized_start=690
+  _globals['_RESETRESPONSE']._serialized_end=705
+  _globals['_SAMPLESTREAMREQUEST']._serialized_start=708
+  _globals['_SAMPLESTREAMREQUEST']._serialized_end=855
+  _globals['_SAMPLESTREAMRESPONSE']._serialized_start=858
+  _globals['_SAMPLESTREAMRESPONSE']._serialized_end=1134
+  _globals['_SAMPLESTREAMRESPONSE_SAMPLEENTRY']._serialized_start=1011
+  _globals['_SAMPLESTREAMRESPONSE_SAMPLEENTRY']._serialized_end=1134
+  _globals['_STACKEDSAMPLES']._serialized_start=1137
+  _globals['_STACKEDSAMPLES']._serialized_end=1318
+  _globals['_SERVERINFOREQUEST']._serialized_start=1320
+  _globals['_SERVERINFOREQUEST']._serialized_end=1339
+  _globals['_SERVERINFORESPONSE']._serialized_start=1341
+  _globals['_SERVERINFORESPONSE']._serialized_end=1460
+  _globals['_REVERBSERVICE']._serialized_start=1463
+  _globals['_REVERBSERVICE']._serialized_end=2158
 # @@protoc_insertion_point(module_scope)

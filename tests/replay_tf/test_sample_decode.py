@@ -57,7 +57,8 @@ def test_dataset_decodes_single_row_chunks_into_its_batches(remote_server, monke
     codec.decode_tensor(codec.encode_tensor(np.zeros((1, *_FRAME), np.int32)))  # the frames' header is known
     calls = _count_decodes_into(monkeypatch)
     dataset = reverb.TrajectoryDataset.from_table_signature(f"localhost:{server.port}", "t",
-                                                            max_in_flight_samples_per_worker=16)
+                                                            max_in_flight_samples_per_worker=16,
+                                                            stacked_samples=False)  # (entries, as Reverb sends)
     batches = list(dataset.batch(8).take(6))
     for batch in batches:
         _assert_consecutive_steps(batch.data["observation"].numpy(), batch.data["action"].numpy())

@@ -232,7 +232,8 @@ def test_remote_chunk_cache_is_bounded_in_bytes_and_samples_stay_exact(monkeypat
     first_step = {item.key: int(item.column_arrays()[0][0, 0, 0, 0])
                   for item in server.table("t").items_snapshot()}
     dataset = reverb.TrajectoryDataset(f"localhost:{server.port}", "t", dtypes=tf.uint8,
-                                       shapes=tf.TensorShape([2, 16, 16, 4]), max_in_flight_samples_per_worker=8)
+                                       shapes=tf.TensorShape([2, 16, 16, 4]), max_in_flight_samples_per_worker=8,
+                                       stacked_samples=False)  # (the cache serves entries only)
     for batch in dataset.batch(8).take(10):
         first = np.array([first_step[key] for key in batch.info.key.numpy().tolist()], np.uint8)
         expected = np.stack([first, first + 1], axis=1)
@@ -250,7 +251,8 @@ def test_remote_one_row_chunks_are_read_from_each_sample_not_cached(monkeypatch)
         client.insert(np.full([16, 16, 4], i, np.uint8), {"t": 1.0})
     value_of = {item.key: i for i, item in enumerate(server.table("t").items_snapshot())}
     dataset = reverb.TrajectoryDataset(f"localhost:{server.port}", "t", dtypes=tf.uint8,
-                                       shapes=tf.TensorShape([1, 16, 16, 4]), max_in_flight_samples_per_worker=8)
+                                       shapes=tf.TensorShape([1, 16, 16, 4]), max_in_flight_samples_per_worker=8,
+                                       stacked_samples=False)  # (the cache serves entries only)
     for batch in dataset.batch(8).take(10):
         expected = np.array([value_of[key] for key in batch.info.key.numpy().tolist()], np.uint8)
         assert (batch.data.numpy() == expected[:, None, None, None, None]).all()

@@ -1,0 +1,304 @@
+"""Items stacked per column: the one gather that `TrajectoryDataset` (client side) and the server's stacked
+sample streams (the rl-data-tf extension of `SampleStream`, see `StackedSamples`) both run, and the
+`StackedSamples` a stacked response carries.
+
+A stacked stream moves the per-sample work to the server, where it runs beside the client instead of in
+the client's single Python thread: the server gathers a response's samples into one array per column (the
+same `gather_column` as the client's batches), the client takes each response as a few arrays.
+"""
+from __future__ import annotations
+
+import collections
+import operator
+import threading
+from typing import Callable, NamedTuple, Optional
+
+import numpy as np
+
+from replay_tf import errors
+from replay_tf.core import chunk_store
+from replay_tf.wire import _raw
+from replay_tf.wire import codec
+
+_get_squeeze = operator.itemgetter(0)
+_get_start = operator.itemgetter(3)
+_get_stop = operator.itemgetter(4)
+_tensors = operator.attrgetter("tensors")
+
+TensorsOf = Callable[[chunk_store.Chunk], list]  # a chunk's decoded tensors
+
+
+def gather_column(items: list, i: int, out: np.ndarray, tensors_of: TensorsOf = _tensors) -> bool:
+    """Fills `out[k]` with column `i` of `items[k]`: one view per chunk slice, copied by one concatenate.
+
+    Chunks still encoded as one-row `PendingTensor`s (a remote sample stream's) are decoded straight into
+    their rows; every other chunk is read through `tensors_of` (by default `Chunk.tensors`).
+
+    Returns False (leaving `out` partly written) when some item's column does not have exactly `out`'s
+    dtype and shape; the caller then stacks item by item, with precise errors.
+    """
+    n = len(items)
+    columns = [item._columns[i] for item in items]  # (squeeze, chunk, index, start, stop[, chunk, ...])
+    squeeze = columns[0][0]
+    if any(map(squeeze.__ne__, map(_get_squeeze, columns))):
+        return False
+    if squeeze:  # one row of one chunk each (Item guarantees it): out's rows are the rows of the chunks
+        rows, target = 1, out
+    else:
+        if out.ndim < 2:
+            return False
+        rows, target = out.shape[1], out.reshape(n * out.shape[1], *out.shape[2:])
+    pending = codec.pending_tensors
+    if any(pending(col[j]) is not None for col in columns for j in range(1, len(col), 4)):
+        return _decode_column(columns, rows, target, tensors_of)
+    if all(map((5).__eq__, map(len, columns))):  # every column is one slice
+        if not squeeze:
+            lengths = np.fromiter(map(_get_stop, columns), np.int64, n) - np.fromiter(map(_get_start, columns),
+                                                                                      np.int64, n)
+            if (lengths != rows).any():
+                return False
+        views = [tensors_of(col[1])[col[2]][col[3]:col[4]] for col in columns]
+    else:
+        views = []
+        append = views.append
+        for col in columns:
+            total = 0
+            for j in range(1, len(col), 4):
+                part = tensors_of(col[j])[col[j + 1]][col[j + 2]:col[j + 3]]
+                total += len(part)
+                append(part)
+            if total != rows:
+                return False
+    try:
+        # casting="no": a column of another dtype is an error, not a conversion
+        np.concatenate(views, axis=0, out=target, casting="no")
+    except (ValueError, TypeError):
+        return False
+    return True
+
+
+def _decode_column(columns: list, rows: int, target: np.ndarray, tensors_of: TensorsOf) -> bool:
+    """`gather_column` for columns with chunks still encoded (one-row chunks of a remote sample stream):
+    each such chunk is decoded straight into its row of `target`, the rest copied from their tensors."""
+    pos = 0
+    for col in columns:
+        stop_row = pos + rows
+        for j in range(1, len(col), 4):
+            chunk, index, start, stop = col[j], col[j + 1], col[j + 2], col[j + 3]
+            end = pos + stop - start
+            if end > stop_row:
+                return False
+            encoded = codec.pending_tensors(chunk)
+            if encoded is not None:
+                tensor = encoded[index]
+                part = target[pos:end]
+                if start != 0 or tensor.shape != part.shape or tensor.dtype != part.dtype:
+                    return False
+                tensor.decode_into(part)
+            else:
+                view = tensors_of(chunk)[index][start:stop]
+                if view.shape[1:] != target.shape[1:] or view.dtype != target.dtype:
+                    return False
+                target[pos:end] = view
+            pos = end
+        if pos != stop_row:
+            return False
+    return True
+
+
+class DecodedChunks:
+    """The decoded tensors of a server's chunks of more than one row (held as received, their slices
+    overlap: items share them), least recently used first, bounded in bytes; shared by a server's streams.
+
+    One-row chunks (big steps, e.g. Atari frames) are not kept: each is read by one slice per item, and
+    keeping them would evict the chunks that are read again."""
+
+    def __init__(self, max_bytes: int):
+        self._max_bytes = max_bytes
+        self._entries: collections.OrderedDict = collections.OrderedDict()  # chunk -> (tensors, nbytes)
+        self._nbytes = 0
+        self._lock = threading.Lock()
+
+    @property
+    def nbytes(self) -> int:
+        return self._nbytes
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def tensors_of(self) -> TensorsOf:
+        """A `tensors_of` for one gather: decodes each chunk it meets at most once, keeps the multi-row
+        ones here and nothing on the chunks (a server holding every chunk decoded beside its encoded form
+        would double its memory, or worse for compressible data)."""
+        seen: dict = {}
+        entries, lock = self._entries, self._lock
+
+        def tensors_of(chunk: chunk_store.Chunk) -> list:
+            tensors = seen.get(chunk)
+            if tensors is not None:
+                return tensors
+            if chunk.is_decoded:
+                tensors = chunk.tensors
+            elif chunk.sequence_range.end == chunk.sequence_range.start:  # one row: read, not kept
+                tensors = chunk.read_tensors()
+            else:
+                with lock:
+                    entry = entries.get(chunk)
+                    if entry is not None:
+                        entries.move_to_end(chunk)
+                if entry is None:
+                    tensors = chunk.read_tensors()
+                    self._keep(chunk, tensors)
+                else:
+                    tensors = entry[0]
+            seen[chunk] = tensors
+            return tensors
+
+        return tensors_of
+
+    def _keep(self, chunk: chunk_store.Chunk, tensors: list) -> None:
+        nbytes = _ENTRY_BYTES + sum(t.nbytes for t in tensors)
+        with self._lock:
+            old = self._entries.pop(chunk, None)
+            if old is not None:
+                self._nbytes -= old[1]
+            self._entries[chunk] = (tensors, nbytes)
+            self._nbytes += nbytes
+            while self._nbytes > self._max_bytes and self._entries:
+                self._nbytes -= self._entries.popitem(last=False)[1][1]
+
+
+_ENTRY_BYTES = 512  # a kept chunk's Python objects, counted with its arrays' bytes
+
+
+def stack_items(items: list, tensors_of: TensorsOf) -> Optional[list]:
+    """The columns of `items` stacked: one C-contiguous numeric array per column, shaped
+    `[len(items), *column shape]`; None when they cannot be (columns of different counts, dtypes or shapes,
+    or strings), and the items are sent one by one."""
+    first = items[0]._columns
+    if any(len(item._columns) != len(first) for item in items):
+        return None
+    stacked = []
+    for i, col in enumerate(first):
+        tensor = tensors_of(col[1])[col[2]]
+        if tensor.dtype.kind not in "biuf" or tensor.dtype.byteorder == ">":
+            return None
+        if col[0]:
+            shape = tensor.shape[1:]
+        else:
+            shape = (sum(col[j + 3] - col[j + 2] for j in range(1, len(col), 4)), *tensor.shape[1:])
+        out = np.empty((len(items), *shape), tensor.dtype)
+        if not gather_column(items, i, out, tensors_of):
+            return None
+        stacked.append(out)
+    return stacked
+
+
+class StackedSamples(NamedTuple):
+    """Samples stacked per column (what a `StackedSamples` response carries): sample `k` is row `k` of every
+    field. `columns` holds one array per column of the flat trajectory."""
+    keys: np.ndarray           # uint64
+    priorities: np.ndarray     # float64
+    times_sampled: np.ndarray  # int32
+    probabilities: np.ndarray  # float64
+    table_sizes: np.ndarray    # int64
+    rate_limited: np.ndarray   # bool
+    columns: list
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def rows(self, start: int, stop: int) -> "StackedSamples":
+        """Samples `start` to `stop` (views)."""
+        return StackedSamples(*(field[start:stop] for field in self[:6]), [c[start:stop] for c in self.columns])
+
+
+# Field tags of `StackedSamples` (packed repeated scalars and the columns) and of the response's
+# `replay_tf_stacked` (field 1000, length-delimited).
+_INFO_FIELDS = ((b"\x0a", "<u8"), (b"\x12", "<f8"), (b"\x1a", "<i4"), (b"\x22", "<f8"), (b"\x2a", "<i8"),
+                (b"\x32", "u1"))
+_TAG_COLUMN = b"\x3a"
+_TAG_RESPONSE_STACKED = b"\xc2\x3e"
+
+
+def stacked_response(sampled: list, columns: list) -> bytes:
+    """A serialized `SampleStreamResponse` whose `replay_tf_stacked` holds `sampled` (`SampledItem`s) with
+    their stacked `columns` (`stack_items`); the column contents are copied once, by the final join."""
+    n = len(sampled)
+    info = (np.fromiter((s.item.key for s in sampled), np.uint64, n),
+            np.fromiter((s.priority for s in sampled), np.float64, n),
+            np.fromiter((s.times_sampled for s in sampled), np.int32, n),
+            np.fromiter((s.probability for s in sampled), np.float64, n),
+            np.fromiter((s.table_size for s in sampled), np.int64, n),
+            np.fromiter((s.rate_limited for s in sampled), np.uint8, n))
+    parts = []
+    for (tag, dtype), values in zip(_INFO_FIELDS, info):
+        content = values.astype(dtype, copy=False).tobytes()
+        parts += [tag, _raw.varint(len(content)), content]
+    for column in columns:
+        content = memoryview(column).cast("B")
+        head = _raw.tensor_head(codec.dtype_enum(column.dtype), column.shape, content.nbytes)
+        parts += [_TAG_COLUMN, _raw.varint(len(head) + content.nbytes), head, content]
+    size = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
+    return b"".join([_TAG_RESPONSE_STACKED, _raw.varint(size), *parts])
+
+
+def stacked_from_proto(proto) -> StackedSamples:
+    """The `StackedSamples` of a `replay_tf_stacked` response field.
+
+    Raises:
+      errors.ReverbError: a field whose length is not one entry (or row) per sample, a column of an
+        unsupported dtype, or a content whose size contradicts its shape.
+    """
+    keys = np.array(proto.keys, np.uint64)
+    n = len(keys)
+    if n == 0:
+        raise errors.ReverbError("stacked samples: no keys (a stacked response carries at least one sample)")
+    info = [keys]
+    for name, dtype in (("priorities", np.float64), ("times_sampled", np.int32), ("probabilities", np.float64),
+                        ("table_sizes", np.int64), ("rate_limited", np.bool_)):
+        values = getattr(proto, name)
+        if len(values) != n:
+            raise errors.ReverbError(f"stacked samples: {name} has {len(values)} values, expected {n} (one per key)")
+        info.append(np.array(values, dtype))
+    columns = []
+    for i, tensor in enumerate(proto.columns):
+        try:
+            dtype = codec.numpy_dtype(tensor.dtype)
+        except (KeyError, ValueError) as e:
+            raise errors.ReverbError(f"stacked samples: column {i} has an unsupported dtype ({e})") from None
+        shape = tuple(d.size for d in tensor.tensor_shape.dim)
+        if dtype.kind not in "biuf" or not shape or shape[0] != n:
+            raise errors.ReverbError(f"stacked samples: column {i} has dtype {dtype.name} and shape {list(shape)}, "
+                                     f"expected a numeric tensor of {n} rows (one per sample)")
+        content = tensor.tensor_content
+        expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if len(content) != expected:
+            raise errors.ReverbError(f"stacked samples: column {i} has {len(content)} bytes of content, expected "
+                                     f"{expected} for shape {list(shape)} of {dtype.name}")
+        columns.append(np.frombuffer(content, dtype.newbyteorder("<")).reshape(shape))
+    if not columns:
+        raise errors.ReverbError("stacked samples: no columns")
+    return StackedSamples(*info, columns)
+
+
+def count_samples(batch: list) -> int:
+    """The number of samples in a sample stream's batch: `SampledItem`s count one, `StackedSamples` their rows."""
+    return sum(len(x) if type(x) is StackedSamples else 1 for x in batch)
+
+
+def split_samples(batch: list, n: int) -> tuple:
+    """`(first, rest)`: the first `n` samples of a batch (`count_samples`) and the others, splitting a
+    `StackedSamples` across the two if need be."""
+    if len(batch) >= n and not any(type(x) is StackedSamples for x in batch[:n]):
+        return batch[:n], batch[n:]
+    taken = 0
+    for i, piece in enumerate(batch):
+        size = len(piece) if type(piece) is StackedSamples else 1
+        if taken + size > n:
+            k = n - taken
+            return batch[:i] + [piece.rows(0, k)], [piece.rows(k, size)] + batch[i + 1:]
+        taken += size
+        if taken == n:
+            return batch[:i + 1], batch[i + 1:]
+    return batch, []

@@ -336,8 +336,9 @@ def test_our_trajectory_writer_and_dataset(our_client, reverb_server):
     info = our_client.server_info()
     assert (info["sig"].current_size, info["uniform"].current_size, info["sig"].num_episodes) == (8, 8, 1)
 
+    # Asking for rl-data-tf's stacked samples: a Reverb server ignores the request field and sends entries.
     dataset = reverb.TrajectoryDataset.from_table_signature(
-        f"localhost:{reverb_server.port}", "sig", max_in_flight_samples_per_worker=8)
+        f"localhost:{reverb_server.port}", "sig", max_in_flight_samples_per_worker=8, stacked_samples=True)
     batches = list(dataset.batch(4).take(3))
     reference = reverb_server.dump("sig", 200)  # Reverb's own client, keyed by item key
     assert len(reference) == 8

@@ -110,7 +110,11 @@ class SampleStream:
         received = stream_samples = 0
         try:
             for raw in call:
-                batch = self._samples(reverb_service_pb2.SampleStreamResponse.FromString(raw), partial, cache)
+                stacked = _stacking.read_stacked_response(raw) if self._stacked else None
+                if stacked is not None and partial[0] is None:
+                    batch = [stacked]
+                else:  # (a stacked response inside a sample is an error, which _samples raises)
+                    batch = self._samples(reverb_service_pb2.SampleStreamResponse.FromString(raw), partial, cache)
                 if batch:
                     count = self._count(batch)
                     with state.cv:

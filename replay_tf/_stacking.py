@@ -26,13 +26,16 @@ _get_stop = operator.itemgetter(4)
 _tensors = operator.attrgetter("tensors")
 
 TensorsOf = Callable[[chunk_store.Chunk], list]  # a chunk's decoded tensors
+PendingOf = Callable[[chunk_store.Chunk], Optional[list]]  # its `codec.PendingTensor`s, if it is read so
 
 
-def gather_column(items: list, i: int, out: np.ndarray, tensors_of: TensorsOf = _tensors) -> bool:
+def gather_column(items: list, i: int, out: np.ndarray, tensors_of: TensorsOf = _tensors,
+                  pending_of: PendingOf = codec.pending_tensors) -> bool:
     """Fills `out[k]` with column `i` of `items[k]`: one view per chunk slice, copied by one concatenate.
 
-    Chunks still encoded as one-row `PendingTensor`s (a remote sample stream's) are decoded straight into
-    their rows; every other chunk is read through `tensors_of` (by default `Chunk.tensors`).
+    Chunks for which `pending_of` gives `PendingTensor`s (by default one-row chunks of a remote sample
+    stream, kept encoded) are decoded straight into their rows; every other chunk is read through
+    `tensors_of` (by default `Chunk.tensors`).
 
     Returns False (leaving `out` partly written) when some item's column does not have exactly `out`'s
     dtype and shape; the caller then stacks item by item, with precise errors.
@@ -48,9 +51,8 @@ def gather_column(items: list, i: int, out: np.ndarray, tensors_of: TensorsOf = 
         if out.ndim < 2:
             return False
         rows, target = out.shape[1], out.reshape(n * out.shape[1], *out.shape[2:])
-    pending = codec.pending_tensors
-    if any(pending(col[j]) is not None for col in columns for j in range(1, len(col), 4)):
-        return _decode_column(columns, rows, target, tensors_of)
+    if any(pending_of(col[j]) is not None for col in columns for j in range(1, len(col), 4)):
+        return _decode_column(columns, rows, target, tensors_of, pending_of)
     if all(map((5).__eq__, map(len, columns))):  # every column is one slice
         if not squeeze:
             lengths = np.fromiter(map(_get_stop, columns), np.int64, n) - np.fromiter(map(_get_start, columns),
@@ -77,7 +79,8 @@ def gather_column(items: list, i: int, out: np.ndarray, tensors_of: TensorsOf = 
     return True
 
 
-def _decode_column(columns: list, rows: int, target: np.ndarray, tensors_of: TensorsOf) -> bool:
+def _decode_column(columns: list, rows: int, target: np.ndarray, tensors_of: TensorsOf,
+                   pending_of: PendingOf) -> bool:
     """`gather_column` for columns with chunks still encoded (one-row chunks of a remote sample stream):
     each such chunk is decoded straight into its row of `target`, the rest copied from their tensors."""
     pos = 0
@@ -88,7 +91,7 @@ def _decode_column(columns: list, rows: int, target: np.ndarray, tensors_of: Ten
             end = pos + stop - start
             if end > stop_row:
                 return False
-            encoded = codec.pending_tensors(chunk)
+            encoded = pending_of(chunk)
             if encoded is not None:
                 tensor = encoded[index]
                 part = target[pos:end]
@@ -126,12 +129,18 @@ class DecodedChunks:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def tensors_of(self) -> TensorsOf:
-        """A `tensors_of` for one gather: decodes each chunk it meets at most once, keeps the multi-row
-        ones here and nothing on the chunks (a server holding every chunk decoded beside its encoded form
-        would double its memory, or worse for compressible data)."""
+    def readers(self) -> tuple:
+        """`(tensors_of, pending_of)` for one gather: decodes each chunk it meets at most once, keeps the
+        multi-row ones here and nothing on the chunks (a server holding every chunk decoded beside its
+        encoded form would double its memory, or worse for compressible data); one-row chunks held as
+        serialized `ChunkData` are read as views of those bytes, decoded straight into their rows."""
         seen: dict = {}
         entries, lock = self._entries, self._lock
+
+        def pending_of(chunk: chunk_store.Chunk) -> Optional[list]:
+            if chunk.sequence_range.end != chunk.sequence_range.start:
+                return None
+            return codec.stored_tensors(chunk)
 
         def tensors_of(chunk: chunk_store.Chunk) -> list:
             tensors = seen.get(chunk)
@@ -154,7 +163,7 @@ class DecodedChunks:
             seen[chunk] = tensors
             return tensors
 
-        return tensors_of
+        return tensors_of, pending_of
 
     def _keep(self, chunk: chunk_store.Chunk, tensors: list) -> None:
         nbytes = _ENTRY_BYTES + sum(t.nbytes for t in tensors)
@@ -171,24 +180,33 @@ class DecodedChunks:
 _ENTRY_BYTES = 512  # a kept chunk's Python objects, counted with its arrays' bytes
 
 
-def stack_items(items: list, tensors_of: TensorsOf) -> Optional[list]:
-    """The columns of `items` stacked: one C-contiguous numeric array per column, shaped
-    `[len(items), *column shape]`; None when they cannot be (columns of different counts, dtypes or shapes,
-    or strings), and the items are sent one by one."""
-    first = items[0]._columns
-    if any(len(item._columns) != len(first) for item in items):
-        return None
-    stacked = []
-    for i, col in enumerate(first):
-        tensor = tensors_of(col[1])[col[2]]
+def column_layouts(item: chunk_store.Item, tensors_of: TensorsOf, pending_of: PendingOf) -> Optional[list]:
+    """`[(dtype, shape), ...]` of an item's columns, or None if some column is not numeric (then its
+    samples are not stacked)."""
+    layouts = []
+    for col in item._columns:
+        pending = pending_of(col[1])
+        tensor = pending[col[2]] if pending is not None else tensors_of(col[1])[col[2]]
         if tensor.dtype.kind not in "biuf" or tensor.dtype.byteorder == ">":
             return None
         if col[0]:
-            shape = tensor.shape[1:]
+            shape = tuple(tensor.shape[1:])
         else:
             shape = (sum(col[j + 3] - col[j + 2] for j in range(1, len(col), 4)), *tensor.shape[1:])
-        out = np.empty((len(items), *shape), tensor.dtype)
-        if not gather_column(items, i, out, tensors_of):
+        layouts.append((tensor.dtype, shape))
+    return layouts
+
+
+def stack_items(items: list, layouts: list, tensors_of: TensorsOf, pending_of: PendingOf) -> Optional[list]:
+    """The columns of `items` stacked as `layouts` (`column_layouts` of one of them): one C-contiguous array
+    per column, shaped `[len(items), *column shape]`; None when some item does not fit (columns of other
+    counts, dtypes or shapes), and the items are sent one by one."""
+    if any(len(item._columns) != len(layouts) for item in items):
+        return None
+    stacked = []
+    for i, (dtype, shape) in enumerate(layouts):
+        out = np.empty((len(items), *shape), dtype)
+        if not gather_column(items, i, out, tensors_of, pending_of):
             return None
         stacked.append(out)
     return stacked
@@ -243,43 +261,118 @@ def stacked_response(sampled: list, columns: list) -> bytes:
     return b"".join([_TAG_RESPONSE_STACKED, _raw.varint(size), *parts])
 
 
+_INFO_NAMES = ("keys", "priorities", "times_sampled", "probabilities", "table_sizes", "rate_limited")
+_INFO_DTYPES = (np.uint64, np.float64, np.int32, np.float64, np.int64, np.bool_)
+
+
 def stacked_from_proto(proto) -> StackedSamples:
-    """The `StackedSamples` of a `replay_tf_stacked` response field.
+    """The `StackedSamples` of a `replay_tf_stacked` response field (see `_checked` for the errors)."""
+    info = [np.array(getattr(proto, name), dtype) for name, dtype in zip(_INFO_NAMES, _INFO_DTYPES)]
+    columns = [(t.dtype, tuple(d.size for d in t.tensor_shape.dim), t.tensor_content) for t in proto.columns]
+    return _checked(info, columns)
+
+
+def read_stacked_response(raw: bytes) -> Optional[StackedSamples]:
+    """The `StackedSamples` of a serialized `SampleStreamResponse` as our servers write it (the stacked field
+    alone, packed info fields, columns of dtype, shape and content), read without protobuf: the columns are
+    views of `raw` (protobuf would copy each twice). None for any other encoding (entries, fields repeated
+    or unpacked, ...): parse those with protobuf. Errors as `stacked_from_proto`'s."""
+    if raw[:2] != _TAG_RESPONSE_STACKED:
+        return None
+    try:
+        size, pos = _raw.read_varint(raw, 2)
+        if pos + size != len(raw):
+            return None
+        view = memoryview(raw)
+        info: list = [None] * 6
+        columns = []
+        while pos < len(raw):
+            tag = raw[pos]
+            size, pos = _raw.read_varint(raw, pos + 1)
+            field, end = tag >> 3, pos + size
+            if tag & 7 != 2 or end > len(raw) or not 1 <= field <= 7:
+                return None
+            if field == 7:
+                column = _read_tensor(raw, view, pos, end)
+                if column is None:
+                    return None
+                columns.append(column)
+            else:
+                dtype = _INFO_FIELDS[field - 1][1]
+                if info[field - 1] is not None or size % np.dtype(dtype).itemsize:
+                    return None
+                values = np.frombuffer(view[pos:end], dtype)
+                if field == 6:
+                    if (values > 1).any():  # (a varint other than 0 and 1)
+                        return None
+                    values = values.view(np.bool_)
+                info[field - 1] = values
+            pos = end
+    except IndexError:  # a varint running past the end
+        return None
+    empty = [np.empty(0, dtype) for dtype in _INFO_DTYPES]
+    return _checked([empty[i] if values is None else values for i, values in enumerate(info)], columns)
+
+
+def _read_tensor(raw: bytes, view: memoryview, pos: int, end: int) -> Optional[tuple]:
+    """`(dtype enum, shape, content)` of a serialized `TensorProto` of dtype, tensor_shape and tensor_content."""
+    dtype, shape, content = 0, (), b""
+    while pos < end:
+        tag = raw[pos]
+        value, pos = _raw.read_varint(raw, pos + 1)
+        if tag == 0x08:
+            dtype = value
+        elif tag == 0x12:  # TensorShapeProto: dims (2) of a size (1) each
+            dims, stop = [], pos + value
+            while pos < stop:
+                if raw[pos] != 0x12:
+                    return None
+                dim_size, pos = _raw.read_varint(raw, pos + 1)
+                dim_end, size = pos + dim_size, 0
+                while pos < dim_end:
+                    if raw[pos] != 0x08:
+                        return None
+                    size, pos = _raw.read_varint(raw, pos + 1)
+                dims.append(size)
+            shape = tuple(dims)
+        elif tag == 0x22:
+            content = view[pos:pos + value]
+            pos += value
+        else:
+            return None
+    return dtype, shape, content if pos == end else None
+
+
+def _checked(info: list, columns: list) -> StackedSamples:
+    """`StackedSamples` of its info arrays and `(dtype enum, shape, content)` columns, checked.
 
     Raises:
-      errors.ReverbError: a field whose length is not one entry (or row) per sample, a column of an
-        unsupported dtype, or a content whose size contradicts its shape.
+      errors.ReverbError: an info field whose length is not one entry per key, a column of an unsupported
+        dtype or not one row per sample, or a content whose size contradicts its shape.
     """
-    keys = np.array(proto.keys, np.uint64)
-    n = len(keys)
+    n = len(info[0])
     if n == 0:
         raise errors.ReverbError("stacked samples: no keys (a stacked response carries at least one sample)")
-    info = [keys]
-    for name, dtype in (("priorities", np.float64), ("times_sampled", np.int32), ("probabilities", np.float64),
-                        ("table_sizes", np.int64), ("rate_limited", np.bool_)):
-        values = getattr(proto, name)
+    for name, values in zip(_INFO_NAMES[1:], info[1:]):
         if len(values) != n:
             raise errors.ReverbError(f"stacked samples: {name} has {len(values)} values, expected {n} (one per key)")
-        info.append(np.array(values, dtype))
-    columns = []
-    for i, tensor in enumerate(proto.columns):
+    arrays = []
+    for i, (enum, shape, content) in enumerate(columns):
         try:
-            dtype = codec.numpy_dtype(tensor.dtype)
+            dtype = codec.numpy_dtype(enum)
         except (KeyError, ValueError) as e:
             raise errors.ReverbError(f"stacked samples: column {i} has an unsupported dtype ({e})") from None
-        shape = tuple(d.size for d in tensor.tensor_shape.dim)
         if dtype.kind not in "biuf" or not shape or shape[0] != n:
             raise errors.ReverbError(f"stacked samples: column {i} has dtype {dtype.name} and shape {list(shape)}, "
                                      f"expected a numeric tensor of {n} rows (one per sample)")
-        content = tensor.tensor_content
         expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         if len(content) != expected:
             raise errors.ReverbError(f"stacked samples: column {i} has {len(content)} bytes of content, expected "
                                      f"{expected} for shape {list(shape)} of {dtype.name}")
-        columns.append(np.frombuffer(content, dtype.newbyteorder("<")).reshape(shape))
-    if not columns:
+        arrays.append(np.frombuffer(content, dtype.newbyteorder("<")).reshape(shape))
+    if not arrays:
         raise errors.ReverbError("stacked samples: no columns")
-    return StackedSamples(*info, columns)
+    return StackedSamples(*info, arrays)
 
 
 def count_samples(batch: list) -> int:

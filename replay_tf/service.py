@@ -33,6 +33,7 @@ import collections
 import concurrent.futures
 import dataclasses
 import hmac
+import math
 import logging
 import threading
 import time
@@ -628,21 +629,19 @@ class ReverbServicer:
         """`_responses` for a client that asked for stacked samples (rl-data-tf's extension): each response
         holds up to ~`_RESPONSE_TARGET_BYTES` of whole samples stacked per column. Samples whose columns
         differ in count, dtype or shape (or hold strings) are sent as entries, the standard way."""
-        tensors_of = self._decoded_chunks.tensors_of()
+        tensors_of, pending_of = self._decoded_chunks.readers()
         start = 0
         while start < len(batch):
-            # Size the response by the first sample, stacked alone: a response never splits a sample.
-            first = batch[start:start + 1]
-            columns = _stacking.stack_items([first[0].item], tensors_of)
-            if columns is None:
-                yield from self._responses(entry, first)
+            # A response never splits a sample: it takes as many whole samples as fit the target size.
+            layouts = _stacking.column_layouts(batch[start].item, tensors_of, pending_of)
+            if layouts is None:
+                yield from self._responses(entry, batch[start:start + 1])
                 start += 1
                 continue
-            per_sample = max(1, sum(c.nbytes for c in columns))
+            per_sample = max(1, sum(dtype.itemsize * math.prod(shape) for dtype, shape in layouts))
             stop = min(len(batch), start + max(1, _RESPONSE_TARGET_BYTES // per_sample))
             group = batch[start:stop]
-            if len(group) > 1:
-                columns = _stacking.stack_items([s.item for s in group], tensors_of)
+            columns = _stacking.stack_items([s.item for s in group], layouts, tensors_of, pending_of)
             if columns is None:
                 yield from self._responses(entry, group)
             else:

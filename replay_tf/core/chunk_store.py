@@ -58,10 +58,12 @@ class Chunk:
     *open*: rows are appended (never rewritten) and `sequence_range.end` grows; items only ever refer to
     rows that were written before they were created. The wire layer may build a chunk from its encoded form
     (`encoded`, e.g. `ChunkData` proto bytes, plus a `decoder`), decoded on first access of `tensors`; it
-    may also cache the encoded form of a decoded chunk in `encoded` to send it again without re-encoding.
+    may also cache the encoded form of a decoded chunk in `encoded` to send it again without re-encoding,
+    and what it found reading `encoded` in `encoded_views` (e.g. where each tensor's content lies).
     """
 
-    __slots__ = ("key", "sequence_range", "delta_encoded", "encoded", "_tensors", "_decoder", "__weakref__")
+    __slots__ = ("key", "sequence_range", "delta_encoded", "encoded", "encoded_views", "_tensors", "_decoder",
+                 "__weakref__")
 
     def __init__(self, key: int, tensors: Sequence[np.ndarray] | None, sequence_range: SequenceRange, *,
                  delta_encoded: bool = False, encoded=None,
@@ -72,6 +74,7 @@ class Chunk:
         self.sequence_range = sequence_range
         self.delta_encoded = delta_encoded
         self.encoded = encoded
+        self.encoded_views = None
         self._tensors = list(tensors) if tensors is not None else None
         self._decoder = decoder
 

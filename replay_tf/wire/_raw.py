@@ -277,3 +277,75 @@ def chunk_data_parts(chunk_key: int, episode_id: int, start: int, end: int, spar
     if uncompressed_size:
         parts += [b"\x38", varint(uncompressed_size)]
     return parts
+
+
+# --- reading (of bytes protobuf has already accepted: a server's stored chunks) ---
+
+def read_varint(buffer: bytes, pos: int) -> tuple:
+    """`(value, position after it)` of the varint at `buffer[pos]`."""
+    byte = buffer[pos]
+    if byte < 0x80:
+        return byte, pos + 1
+    value, shift = byte & 0x7F, 7
+    while True:
+        pos += 1
+        byte = buffer[pos]
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos + 1
+        shift += 7
+
+
+def chunk_tensor_fields(serialized: bytes) -> Optional[list]:
+    """`[(dtype enum, serialized tensor_shape, (start, end) of tensor_content), ...]` for the `data.tensors`
+    of a serialized `ChunkData` that protobuf parsed before, found by walking its bytes (nothing is copied);
+    None for what this walk leaves to protobuf: `deprecated_data`, `data` given twice, tensors with fields
+    other than dtype, tensor_shape and tensor_content (strings, ...)."""
+    pos, end, data = 0, len(serialized), None
+    while pos < end:
+        tag = serialized[pos]  # (every ChunkData field number is < 16: one-byte tags)
+        pos += 1
+        wire_type = tag & 7
+        if wire_type == 0:  # skipped, not read
+            while serialized[pos] & 0x80:
+                pos += 1
+            pos += 1
+        elif wire_type == 2:
+            size = serialized[pos]
+            if size < 0x80:
+                pos += 1
+            else:
+                size, pos = read_varint(serialized, pos)
+            if tag == 0x2A:  # ChunkData.data = 5
+                if data is not None:
+                    return None
+                data = (pos, pos + size)
+            elif tag != 0x12:  # only sequence_range = 2 besides (deprecated_data = 3 is left to protobuf)
+                return None
+            pos += size
+        else:
+            return None
+    if data is None:
+        return None
+    fields = []
+    pos, end = data
+    while pos < end:
+        if serialized[pos] != 0x0A:  # Data.tensors = 1
+            return None
+        size, pos = read_varint(serialized, pos + 1)
+        tensor_end, dtype, shape, content = pos + size, 0, b"", (pos, pos)
+        while pos < tensor_end:
+            tag = serialized[pos]
+            if tag == 0x08:  # TensorProto.dtype = 1
+                dtype, pos = read_varint(serialized, pos + 1)
+            elif tag == 0x12 or tag == 0x22:  # tensor_shape = 2, tensor_content = 4
+                size, pos = read_varint(serialized, pos + 1)
+                if tag == 0x12:
+                    shape = serialized[pos:pos + size]
+                else:
+                    content = (pos, pos + size)
+                pos += size
+            else:
+                return None
+        fields.append((dtype, shape, content))
+    return fields

@@ -201,6 +201,33 @@ def pending_tensor(proto, *, delta_encoded: bool = False) -> Optional[PendingTen
     return PendingTensor(dtype, shape, expected, delta_encoded and delta, proto.tensor_content)
 
 
+def stored_tensors(chunk: chunk_store.Chunk) -> Optional[list]:
+    """`PendingTensor`s of a chunk held as serialized `ChunkData` (a server's, as received), whose contents
+    are views of those bytes: decoding one copies nothing but the decompressed rows. Found once per chunk
+    (kept in `chunk.encoded_views`). None when the chunk is decoded or held otherwise, or has a tensor whose
+    header was not seen (`tensor_header` records the headers of every chunk a server receives) or that is
+    not numeric."""
+    views = chunk.encoded_views
+    if views is not None:
+        return views or None
+    serialized = chunk.encoded
+    if type(serialized) is not bytes or chunk.is_decoded:
+        return None
+    fields = _raw.chunk_tensor_fields(serialized)
+    views = []
+    if fields is not None:
+        view = memoryview(serialized)
+        for dtype, shape, (start, end) in fields:
+            header = _HEADERS.get((dtype, shape))
+            if header is None:
+                views = []
+                break
+            views.append(PendingTensor(header[0], header[1], header[2], chunk.delta_encoded and header[3],
+                                       view[start:end]))
+    chunk.encoded_views = views  # ([]: not readable so, asked again never)
+    return views or None
+
+
 def pending_tensors(chunk: chunk_store.Chunk) -> Optional[list]:
     """The `PendingTensor`s of a chunk still held as received (see `pending_tensor`), else None."""
     encoded = chunk.encoded

@@ -17,6 +17,7 @@ from replay_tf.core import chunk_store
 from replay_tf.core import table as table_lib
 from replay_tf.wire import codec
 from replay_tf.wire import reverb_service_pb2
+from replay_tf.wire import schema_pb2
 
 _FRAME = (24, 24)  # 2.3 KiB int32 steps: remote writers send one step per chunk; actions share chunks
 
@@ -45,13 +46,13 @@ def remote_server(monkeypatch):
 def _count_stacked(monkeypatch) -> list:
     """Records the number of samples of every stacked response a client reads."""
     seen = []
-    original = _stacking.stacked_from_proto
+    original = _stacking._checked
 
-    def counted(proto):
-        stacked = original(proto)
+    def counted(info, columns):
+        stacked = original(info, columns)
         seen.append(len(stacked))
         return stacked
-    monkeypatch.setattr(_stacking, "stacked_from_proto", counted)
+    monkeypatch.setattr(_stacking, "_checked", counted)
     return seen
 
 
@@ -71,6 +72,10 @@ def _assert_named_steps(server, batch) -> None:
 @pytest.mark.parametrize("stacked", [True, False])
 def test_dataset_batches_are_exact_with_and_without_stacking(remote_server, monkeypatch, stacked):
     seen = _count_stacked(monkeypatch)
+    decoded_into = []  # frames decoded straight into their rows (server: from views of the stored bytes)
+    original = codec.PendingTensor.decode_into
+    monkeypatch.setattr(codec.PendingTensor, "decode_into",
+                        lambda self, out: decoded_into.append(type(self.content)) or original(self, out))
     dataset = reverb.TrajectoryDataset.from_table_signature(f"localhost:{remote_server.port}", "t",
                                                             max_in_flight_samples_per_worker=20,
                                                             stacked_samples=stacked)
@@ -79,8 +84,9 @@ def test_dataset_batches_are_exact_with_and_without_stacking(remote_server, monk
         _assert_named_steps(remote_server, batch)
     if stacked:
         assert seen and sum(seen) >= 8 * 16
+        assert len(decoded_into) >= 3 * sum(seen) and set(decoded_into) == {memoryview}
     else:
-        assert not seen
+        assert not seen and len(decoded_into) >= 3 * 8 * 16 and set(decoded_into) == {bytes}
 
 
 def test_loopback_servers_are_asked_by_default_and_unbatched_samples_match(remote_server, monkeypatch):
@@ -148,7 +154,10 @@ def test_stacked_response_is_protobufs_encoding_and_reads_back():
     rng = np.random.default_rng(0)
     sampled = [_sampled(k, rng.integers(0, 1000, (4, 2, 3)).astype(np.int64), rng.random(4).astype(np.float32))
                for k in (3, 4, 2 ** 64 - 1)]
-    columns = _stacking.stack_items([s.item for s in sampled], lambda chunk: chunk.tensors)
+    layouts = _stacking.column_layouts(sampled[0].item, lambda chunk: chunk.tensors, codec.pending_tensors)
+    assert layouts == [(np.dtype(np.int64), (2, 2, 3)), (np.dtype(np.float32), ())]
+    columns = _stacking.stack_items([s.item for s in sampled], layouts, lambda chunk: chunk.tensors,
+                                    codec.pending_tensors)
     assert [c.shape for c in columns] == [(3, 2, 2, 3), (3,)]
     raw = _stacking.stacked_response(sampled, columns)
 
@@ -167,6 +176,11 @@ def test_stacked_response_is_protobufs_encoding_and_reads_back():
     assert raw == expected.SerializeToString()
 
     read = _stacking.stacked_from_proto(reverb_service_pb2.SampleStreamResponse.FromString(raw).replay_tf_stacked)
+    fast = _stacking.read_stacked_response(raw)  # the client's reader: views of the bytes, no protobuf
+    for got, want in zip([*fast[:6], *fast.columns], [*read[:6], *read.columns]):
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got, want)
+    assert not fast.columns[0].flags.writeable and not read.columns[0].flags.writeable  # views, not copies
     assert len(read) == 3 and read.keys.dtype == np.uint64 and read.keys.tolist() == [3, 4, 2 ** 64 - 1]
     assert read.times_sampled.tolist() == [0, 1, 0] and read.rate_limited.tolist() == [False, True, False]
     assert read.table_sizes.tolist() == [13, 14, 11] and read.priorities.tolist() == [1.5, 2.0, 0.5 * (2 ** 64 - 1)]
@@ -202,14 +216,35 @@ def _stacked_proto(n=2, **changes):
     ({"dtype": 7}, r"column 0 has dtype object and shape \[2, 3\], expected a numeric tensor of 2 rows"),
     ({"dtype": 21}, r"column 0 has an unsupported dtype"),
 ])
-def test_malformed_stacked_samples_name_the_field(changes, error):
+@pytest.mark.parametrize("reader", ["protobuf", "raw"])
+def test_malformed_stacked_samples_name_the_field(changes, error, reader):
     proto = _stacked_proto(**changes)
+    if reader == "protobuf":
+        read = lambda: _stacking.stacked_from_proto(proto)  # noqa: E731
+    else:
+        raw = reverb_service_pb2.SampleStreamResponse(replay_tf_stacked=proto).SerializeToString()
+        read = lambda: _stacking.read_stacked_response(raw)  # noqa: E731
     if error is None:
-        stacked = _stacking.stacked_from_proto(proto)
+        stacked = read()
         assert len(stacked) == 2 and stacked.columns[0].shape == (2, 3)
         return
     with pytest.raises(reverb.errors.ReverbError, match=error):
-        _stacking.stacked_from_proto(proto)
+        read()
+
+
+def test_the_raw_reader_leaves_other_encodings_to_protobuf():
+    proto = _stacked_proto()
+    stacked_raw = reverb_service_pb2.SampleStreamResponse(replay_tf_stacked=proto).SerializeToString()
+    entries_raw = reverb_service_pb2.SampleStreamResponse(entries=[{"end_of_sequence": True}]).SerializeToString()
+    unpacked_keys = b"\x09" + (5).to_bytes(8, "little") + b"\x09" + (6).to_bytes(8, "little")  # keys one by one
+    rest = reverb_service_pb2.StackedSamples.FromString(proto.SerializeToString())
+    rest.ClearField("keys")
+    body = unpacked_keys + rest.SerializeToString()
+    unpacked_raw = b"\xc2\x3e" + bytes([len(body)]) + body
+    assert reverb_service_pb2.SampleStreamResponse.FromString(unpacked_raw).replay_tf_stacked.keys == [5, 6]
+    assert _stacking.read_stacked_response(stacked_raw).keys.tolist() == [1, 2]
+    for raw in (entries_raw, unpacked_raw, stacked_raw + entries_raw, stacked_raw[:-1]):
+        assert _stacking.read_stacked_response(raw) is None
 
 
 def test_a_response_with_entries_and_stacked_samples_is_an_error():
@@ -264,12 +299,47 @@ def test_server_keeps_decoded_multi_row_chunks_within_its_bound_and_never_one_ro
 
     cache = _stacking.DecodedChunks(max_bytes=2 * (512 + 300))  # room for two three-row chunks
     chunks = [chunk(k, 3) for k in range(3)] + [chunk(9, 1)]
-    tensors_of = cache.tensors_of()
+    tensors_of, _ = cache.readers()
     for c in chunks + chunks:  # each decoded once per gather
         assert (tensors_of(c)[0] == c.key).all()
     assert decoded_calls == [0, 1, 2, 9] and len(cache) == 2 and cache.nbytes == 2 * (512 + 300)
     assert not any(c.is_decoded for c in chunks)  # nothing kept on the chunks
-    tensors_of = cache.tensors_of()  # a later gather: chunks 1 and 2 kept, 0 evicted, 9 never kept
+    tensors_of, _ = cache.readers()  # a later gather: chunks 1 and 2 kept, 0 evicted, 9 never kept
     for c in [chunks[2], chunks[1], chunks[0], chunks[3]]:
         tensors_of(c)
     assert decoded_calls[4:] == [0, 9]
+
+
+def _serialized_chunk(tensors, delta=False, key=7):
+    chunk = chunk_store.Chunk(key, tensors, chunk_store.SequenceRange(3, 10, 10 + len(tensors[0]) - 1),
+                              delta_encoded=delta)
+    return codec.chunk_to_proto(chunk).SerializeToString()
+
+
+@pytest.mark.parametrize("delta", [False, True])
+def test_stored_tensors_are_views_of_the_serialized_chunk_that_decode_as_protobuf_does(delta):
+    rng = np.random.default_rng(1)
+    tensors = [rng.integers(-50, 50, (1, 6, 5)).astype(np.int32), rng.random((1, 3)).astype(np.float64),
+               np.array([True], bool)]
+    serialized = _serialized_chunk(tensors, delta)
+    chunk, _ = codec.chunk_from_proto(schema_pb2.ChunkData.FromString(serialized), serialized)
+    stored = codec.stored_tensors(chunk)
+    assert [type(t.content) for t in stored] == [memoryview] * 3 and stored[0].delta is delta
+    for pending, proto_tensor, array in zip(stored, schema_pb2.ChunkData.FromString(serialized).data.tensors,
+                                            tensors):
+        assert bytes(pending.content) == proto_tensor.tensor_content
+        np.testing.assert_array_equal(pending.decode(), array)
+    assert not chunk.is_decoded and codec.stored_tensors(chunk) is stored  # found once
+    decoded, _ = codec.chunk_from_proto(schema_pb2.ChunkData.FromString(serialized), serialized)
+    decoded.tensors  # decoded before anything asked: read from its arrays instead
+    assert codec.stored_tensors(decoded) is None
+
+
+def test_stored_tensors_leave_what_the_walk_does_not_read_to_protobuf():
+    strings = _serialized_chunk([np.array([b"a"], object)])
+    proto = schema_pb2.ChunkData.FromString(_serialized_chunk([np.zeros((1, 2), np.int32)]))
+    proto.deprecated_data.add().CopyFrom(proto.data.tensors[0])
+    for serialized in (strings, proto.SerializeToString()):
+        chunk = chunk_store.Chunk(7, None, chunk_store.SequenceRange(0, 0, 0), encoded=serialized,
+                                  decoder=lambda _: [])
+        assert codec.stored_tensors(chunk) is None

@@ -46,6 +46,7 @@ import numpy as np
 from google.protobuf import message as protobuf_message
 
 from replay_tf import _grpc_common
+from replay_tf import _malloc
 from replay_tf import _stacking
 from replay_tf import errors
 from replay_tf.core import chunk_store as chunk_store_lib
@@ -629,6 +630,7 @@ class ReverbServicer:
         """`_responses` for a client that asked for stacked samples (rl-data-tf's extension): each response
         holds up to ~`_RESPONSE_TARGET_BYTES` of whole samples stacked per column. Samples whose columns
         differ in count, dtype or shape (or hold strings) are sent as entries, the standard way."""
+        _malloc.keep_large_buffers_in_heap()  # each response is ~2 MiB of columns, then one message (see _malloc)
         tensors_of, pending_of = self._decoded_chunks.readers()
         start = 0
         while start < len(batch):

@@ -6,18 +6,22 @@ uint8[84,84,4]), uniform table. Measured: trajectory_writer insert steps/s (unti
 and `TrajectoryDataset.from_table_signature(...).batch(256)` samples/s (and samples per CPU-second of the
 client process, all threads: robust under load, but it leaves out the server's work), for the four pairs
 {our server, dm-reverb server} x {our client, dm-reverb client}. The reference is dm-reverb server with
-dm-reverb client; the mixed pairs are reported beside it. The `floor:` rows measure gRPC Python receiving the
+dm-reverb client; the mixed pairs are reported beside it. Our client asks servers on this machine for
+stacked samples (rl-data-tf's extension, which only our server implements); ours -> ours sampling is also
+reported without it (`stacked_samples=False`, Reverb's protocol as is). The `floor:` rows measure gRPC Python receiving the
 same `SampleStream` responses (from the dm-reverb server) and protobuf parsing them, nothing decoded: the
 least any Python client built on grpcio and protobuf can spend per sample.
 """
 from __future__ import annotations
 
+import functools
 import os
 import select
 import socket
 import subprocess
 import sys
 import textwrap
+import types
 
 from benchmarks import _harness
 from benchmarks import _reverb_workload
@@ -89,12 +93,22 @@ class _ServerProcess:
         self.process.stdout.close()
 
 
-def _run_our_client(address: str) -> dict:
+def _run_our_client(address: str, entries_too: bool = False) -> dict:
+    """The workload with our client; with `entries_too`, its sampling once more as Reverb's protocol has it
+    (`stacked_samples=False`: one entry per sample, no stacked responses) as `{spec}/sample_entries[_cpu]`."""
     import replay_tf as reverb  # noqa: PLC0415
 
     out: dict = {}
     scope = {"reverb": reverb, "ADDRESS": address, "SPECS": SPECS, "NUM_STEPS": NUM_STEPS, "emit": out.__setitem__}
     exec(textwrap.dedent(CLIENT), scope)  # noqa: S102  (our own benchmark code)
+    if entries_too:
+        entries_only = types.SimpleNamespace(TrajectoryDataset=types.SimpleNamespace(
+            from_table_signature=functools.partial(reverb.TrajectoryDataset.from_table_signature,
+                                                   stacked_samples=False)))
+        scope["reverb"] = entries_only  # (sample_rate reads its module global `reverb`)
+        for spec_name, (obs_shape, num_batches) in SPECS.items():
+            rate, per_cpu = scope["sample_rate"](address, f"t_{spec_name}", obs_shape, num_batches)
+            out[f"{spec_name}/sample_entries"], out[f"{spec_name}/sample_entries_cpu"] = rate, per_cpu
     return out
 
 
@@ -147,7 +161,7 @@ def main() -> None:
         server = _ServerProcess(server_kind, peer)
         try:
             address = f"localhost:{server.port}"
-            results[(server_kind, "ours")] = _run_our_client(address)
+            results[(server_kind, "ours")] = _run_our_client(address, entries_too=server_kind == "ours")
             if peer is not None:
                 results[(server_kind, "reverb")] = _run_peer_client(peer, address)
             if server_kind == "reverb" or peer is None:  # the dm-reverb server, where there is one
@@ -169,6 +183,11 @@ def main() -> None:
                 pair = f"{client_kind[:6]}->{server_kind[:6]}"
                 rows.append({"workload": f"{pair} {spec_name} {what}",
                              "ours": values.get(key), "peer": reference.get(key),
+                             "peer_name": "dm-reverb client -> dm-reverb server", "unit": unit})
+            entries = results.get(("ours", "ours"), {}).get(f"{spec_name}/{metric.replace('sample', 'sample_entries')}")
+            if metric != "insert" and entries is not None:  # ours -> ours without the stacked extension
+                rows.append({"workload": f"ours->ours {spec_name} {what}, Reverb's protocol (stacked_samples=False)",
+                             "ours": entries, "peer": reference.get(key),
                              "peer_name": "dm-reverb client -> dm-reverb server", "unit": unit})
             if metric != "insert":  # the transport's floor beside the dataset rows
                 rows.append({"workload": f"floor: gRPC receive + protobuf parse only ->{floor_server[:6]} {spec_name} "

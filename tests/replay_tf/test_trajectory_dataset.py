@@ -530,3 +530,44 @@ def test_remote_samples_with_columns_over_several_chunks_stack_into_batches():
     with pytest.raises(ValueError, match=r"column '<root>' has dtype=int32 shape=\[2, 2\], but the dataset "
                                          r"expects dtype=int32 shape=\(3, 2\)"):
         dataset._stack(samples + short)
+
+
+_EXIT_WITH_OPEN_ITERATOR = """
+import sys
+import replay_tf as reverb
+dataset = reverb.TrajectoryDataset.from_table_signature(sys.argv[1], "t", max_in_flight_samples_per_worker=512,
+                                                        stacked_samples=sys.argv[2] == "1")
+iterator = iter(dataset.batch(256))
+for _ in range(5):
+    next(iterator)
+print("sampled", flush=True)
+"""  # ... and exits with the iterator open, tf.data prefetching from a remote server
+
+
+def test_a_process_exits_with_an_iterator_still_open():
+    # tf.data's prefetching thread could be in (or entering) the sample generator when the interpreter began
+    # to finalize: it was ended there and the iterator's destructor waited for it forever (about one exit in
+    # two hung). Three clients at once, two with stacked samples.
+    import os
+    import subprocess
+    import sys
+    import proc_testlib
+    server = reverb.Server([reverb.Table("t", reverb.selectors.Uniform(), reverb.selectors.Fifo(), 1000,
+                                         reverb.rate_limiters.MinSize(1), signature=tf.TensorSpec([1, 64], tf.float32))])
+    client = reverb.Client(f"localhost:{server.port}")
+    with client.trajectory_writer(num_keep_alive_refs=1) as writer:
+        for i in range(2000):
+            writer.append(np.full([64], i, np.float32))
+            writer.create_item("t", 1.0, writer.history[-1:])
+    env = dict(os.environ, PYTHONPATH=proc_testlib.ROOT, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
+    procs = [subprocess.Popen([sys.executable, "-c", _EXIT_WITH_OPEN_ITERATOR, f"localhost:{server.port}", stacked],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for stacked in ("1", "0", "1")]
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=90)
+            assert proc.returncode == 0 and out.strip() == "sampled", err[-2000:]
+    finally:
+        for proc in procs:
+            proc.kill()
+        server.stop()

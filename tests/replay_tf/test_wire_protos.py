@@ -118,6 +118,35 @@ def _normalize(file_proto: descriptor_pb2.FileDescriptorProto) -> dict:
     return out
 
 
+# rl-data-tf's additions to Reverb's protocol (field numbers from 1000, and the messages only they use):
+# Reverb peers ignore them (proto3 keeps unknown fields), so they must be the only difference.
+_EXTENSIONS = {"replay_tf/wire/reverb_service.proto": {
+    "message deepmind.reverb.StackedSamples",
+    "field deepmind.reverb.SampleStreamRequest.replay_tf_stacked = 1000",
+    "field deepmind.reverb.SampleStreamResponse.replay_tf_stacked = 1000",
+}}
+
+
+def _without_extensions(normalized: dict) -> set:
+    """Removes rl-data-tf's extensions from `_normalize`'s result; returns what it removed."""
+    removed = set()
+    for name in [n for n in normalized if n == "message deepmind.reverb.StackedSamples"]:
+        del normalized[name]
+        removed.add(name)
+    for name, message in normalized.items():
+        if not name.startswith("message "):
+            continue
+        extensions = [f for f in message.field if f.number >= 1000]
+        for field in extensions:
+            removed.add(f"field {name[len('message '):]}.{field.name} = {field.number}")
+        if extensions:
+            kept = [f for f in message.field if f.number < 1000]
+            message.ClearField("field")
+            for field in kept:
+                message.field.add().CopyFrom(field)
+    return removed
+
+
 @pytest.fixture(scope="module")
 def peer_descriptors(peer):
     ours = ["replay_tf.wire.schema_pb2", "replay_tf.wire.reverb_service_pb2", "replay_tf.wire.checkpoint_pb2"]
@@ -144,6 +173,7 @@ def test_layout_matches_reverb_wheel(peer_descriptors, reverb_file):
     if our_file not in ours_loaded:
         pytest.skip(f"{our_file} is not generated yet")
     theirs, ours = _normalize(reverb[reverb_file]), _normalize(ours_loaded[our_file])
+    assert _without_extensions(ours) == _EXTENSIONS.get(our_file, set())
     assert sorted(ours) == sorted(theirs), f"{our_file}: definitions differ from {reverb_file}"
     for name, expected in theirs.items():
         assert ours[name] == expected, f"{our_file}: {name} differs:\nours:\n{ours[name]}\nreverb:\n{expected}"

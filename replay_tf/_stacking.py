@@ -166,7 +166,9 @@ class DecodedChunks:
         return tensors_of, pending_of
 
     def _keep(self, chunk: chunk_store.Chunk, tensors: list) -> None:
-        nbytes = _ENTRY_BYTES + sum(t.nbytes for t in tensors)
+        # (the chunk's stored bytes count too: an entry keeps the chunk alive after its items are gone)
+        encoded = chunk.encoded
+        nbytes = _ENTRY_BYTES + sum(t.nbytes for t in tensors) + (len(encoded) if type(encoded) is bytes else 0)
         with self._lock:
             old = self._entries.pop(chunk, None)
             if old is not None:
@@ -334,13 +336,15 @@ def _read_tensor(raw: bytes, view: memoryview, pos: int, end: int) -> Optional[t
                         return None
                     size, pos = _raw.read_varint(raw, pos + 1)
                 dims.append(size)
+            if pos != stop:
+                return None
             shape = tuple(dims)
         elif tag == 0x22:
             content = view[pos:pos + value]
             pos += value
         else:
             return None
-    return dtype, shape, content if pos == end else None
+    return (dtype, shape, content) if pos == end else None
 
 
 def _checked(info: list, columns: list) -> StackedSamples:

@@ -6,6 +6,7 @@ table, against protobuf's own encoding, and for what must fall back to entries o
 import numpy as np
 import pytest
 import tensorflow as tf
+from google.protobuf import message as protobuf_message
 
 import replay_tf as reverb
 from replay_tf import _grpc_sample
@@ -243,7 +244,15 @@ def test_the_raw_reader_leaves_other_encodings_to_protobuf():
     unpacked_raw = b"\xc2\x3e" + bytes([len(body)]) + body
     assert reverb_service_pb2.SampleStreamResponse.FromString(unpacked_raw).replay_tf_stacked.keys == [5, 6]
     assert _stacking.read_stacked_response(stacked_raw).keys.tolist() == [1, 2]
-    for raw in (entries_raw, unpacked_raw, stacked_raw + entries_raw, stacked_raw[:-1]):
+    # A column whose content claims more bytes than its tensor holds (the outer lengths all agree).
+    overrun = b"\x08\x01\x22\x10abc"
+    body = (b"\x0a\x08" + (5).to_bytes(8, "little") + b"\x12\x08" + np.float64(1).tobytes()
+            + b"\x1a\x04" + bytes(4) + b"\x22\x08" + np.float64(1).tobytes() + b"\x2a\x08" + bytes(8)
+            + b"\x32\x01\x00" + b"\x3a" + bytes([len(overrun)]) + overrun)
+    overrun_raw = b"\xc2\x3e" + bytes([len(body)]) + body
+    with pytest.raises(protobuf_message.DecodeError):  # protobuf rejects it: the client reports an unreadable response
+        reverb_service_pb2.SampleStreamResponse.FromString(overrun_raw)
+    for raw in (entries_raw, unpacked_raw, stacked_raw + entries_raw, stacked_raw[:-1], overrun_raw):
         assert _stacking.read_stacked_response(raw) is None
 
 
@@ -293,16 +302,18 @@ def test_server_keeps_decoded_multi_row_chunks_within_its_bound_and_never_one_ro
     decoded_calls = []
 
     def chunk(key, rows):
-        array = np.full((rows, 100), key, np.uint8)  # 100 bytes a row
-        return chunk_store.Chunk(key, None, chunk_store.SequenceRange(0, 0, rows - 1), encoded=array,
-                                 decoder=lambda a: decoded_calls.append(key) or [a.copy()])
+        encoded = np.full((rows, 100), key, np.uint8).tobytes()  # 100 bytes a row, stored as bytes
+        return chunk_store.Chunk(key, None, chunk_store.SequenceRange(0, 0, rows - 1), encoded=encoded,
+                                 decoder=lambda b: decoded_calls.append(key) or [
+                                     np.frombuffer(b, np.uint8).reshape(rows, 100).copy()])
 
-    cache = _stacking.DecodedChunks(max_bytes=2 * (512 + 300))  # room for two three-row chunks
+    entry = 512 + 300 + 300  # objects, decoded rows, and the stored bytes the entry keeps alive
+    cache = _stacking.DecodedChunks(max_bytes=2 * entry)  # room for two three-row chunks
     chunks = [chunk(k, 3) for k in range(3)] + [chunk(9, 1)]
     tensors_of, _ = cache.readers()
     for c in chunks + chunks:  # each decoded once per gather
         assert (tensors_of(c)[0] == c.key).all()
-    assert decoded_calls == [0, 1, 2, 9] and len(cache) == 2 and cache.nbytes == 2 * (512 + 300)
+    assert decoded_calls == [0, 1, 2, 9] and len(cache) == 2 and cache.nbytes == 2 * entry
     assert not any(c.is_decoded for c in chunks)  # nothing kept on the chunks
     tensors_of, _ = cache.readers()  # a later gather: chunks 1 and 2 kept, 0 evicted, 9 never kept
     for c in [chunks[2], chunks[1], chunks[0], chunks[3]]:

@@ -227,6 +227,8 @@ class SampleStream:
 
     def _samples(self, response, partial: list, cache) -> list:
         if response.HasField("replay_tf_stacked"):
+            if not self._stacked:
+                raise errors.ReverbError("SampleStream sent stacked samples, which this stream did not ask for")
             if len(response.entries) or partial[0] is not None:
                 raise errors.ReverbError("SampleStream sent stacked samples with entries, or inside a sample")
             return [_stacking.stacked_from_proto(response.replay_tf_stacked)]

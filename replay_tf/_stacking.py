@@ -9,6 +9,7 @@ same `gather_column` as the client's batches), the client takes each response as
 from __future__ import annotations
 
 import collections
+import math
 import operator
 import threading
 from typing import Callable, NamedTuple, Optional
@@ -149,7 +150,7 @@ class DecodedChunks:
             if chunk.is_decoded:
                 tensors = chunk.tensors
             elif chunk.sequence_range.end == chunk.sequence_range.start:  # one row: read, not kept
-                tensors = chunk.read_tensors()
+                return chunk.read_tensors()  # (nor held for the gather: only one slice reads it)
             else:
                 with lock:
                     entry = entries.get(chunk)
@@ -238,6 +239,7 @@ class StackedSamples(NamedTuple):
 _INFO_FIELDS = ((b"\x0a", "<u8"), (b"\x12", "<f8"), (b"\x1a", "<i4"), (b"\x22", "<f8"), (b"\x2a", "<i8"),
                 (b"\x32", "u1"))
 _TAG_COLUMN = b"\x3a"
+_MAX_RANK = 64  # TensorFlow's limit is 254; a column of more dimensions is not a sample batch
 _TAG_RESPONSE_STACKED = b"\xc2\x3e"
 
 
@@ -256,7 +258,7 @@ def stacked_response(sampled: list, columns: list) -> bytes:
         content = values.astype(dtype, copy=False).tobytes()
         parts += [tag, _raw.varint(len(content)), content]
     for column in columns:
-        content = memoryview(column).cast("B")
+        content = memoryview(column.reshape(-1).view(np.uint8))  # (a flat byte view: 0-size columns too)
         head = _raw.tensor_head(codec.dtype_enum(column.dtype), column.shape, content.nbytes)
         parts += [_TAG_COLUMN, _raw.varint(len(head) + content.nbytes), head, content]
     size = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
@@ -303,7 +305,7 @@ def read_stacked_response(raw: bytes) -> Optional[StackedSamples]:
                 dtype = _INFO_FIELDS[field - 1][1]
                 if info[field - 1] is not None or size % np.dtype(dtype).itemsize:
                     return None
-                values = np.frombuffer(view[pos:end], dtype)
+                values = np.frombuffer(view[pos:end], dtype).copy()  # (a view would keep `raw` alive)
                 if field == 6:
                     if (values > 1).any():  # (a varint other than 0 and 1)
                         return None
@@ -318,13 +320,17 @@ def read_stacked_response(raw: bytes) -> Optional[StackedSamples]:
 
 def _read_tensor(raw: bytes, view: memoryview, pos: int, end: int) -> Optional[tuple]:
     """`(dtype enum, shape, content)` of a serialized `TensorProto` of dtype, tensor_shape and tensor_content."""
-    dtype, shape, content = 0, (), b""
+    dtype, shape, content = 0, None, b""
     while pos < end:
         tag = raw[pos]
         value, pos = _raw.read_varint(raw, pos + 1)
         if tag == 0x08:
+            if value >= 1 << 31:  # (protobuf truncates it to an int32)
+                return None
             dtype = value
         elif tag == 0x12:  # TensorShapeProto: dims (2) of a size (1) each
+            if shape is not None:  # (protobuf merges a repeated shape)
+                return None
             dims, stop = [], pos + value
             while pos < stop:
                 if raw[pos] != 0x12:
@@ -335,7 +341,9 @@ def _read_tensor(raw: bytes, view: memoryview, pos: int, end: int) -> Optional[t
                     if raw[pos] != 0x08:
                         return None
                     size, pos = _raw.read_varint(raw, pos + 1)
-                dims.append(size)
+                if pos != dim_end:
+                    return None
+                dims.append(size - (1 << 64) if size >= 1 << 63 else size)  # (int64, as protobuf reads it)
             if pos != stop:
                 return None
             shape = tuple(dims)
@@ -344,7 +352,7 @@ def _read_tensor(raw: bytes, view: memoryview, pos: int, end: int) -> Optional[t
             pos += value
         else:
             return None
-    return (dtype, shape, content) if pos == end else None
+    return (dtype, () if shape is None else shape, content) if pos == end else None
 
 
 def _checked(info: list, columns: list) -> StackedSamples:
@@ -366,10 +374,11 @@ def _checked(info: list, columns: list) -> StackedSamples:
             dtype = codec.numpy_dtype(enum)
         except (KeyError, ValueError) as e:
             raise errors.ReverbError(f"stacked samples: column {i} has an unsupported dtype ({e})") from None
-        if dtype.kind not in "biuf" or not shape or shape[0] != n:
+        if (dtype.kind not in "biuf" or not shape or shape[0] != n or len(shape) > _MAX_RANK
+                or any(size < 0 for size in shape)):
             raise errors.ReverbError(f"stacked samples: column {i} has dtype {dtype.name} and shape {list(shape)}, "
                                      f"expected a numeric tensor of {n} rows (one per sample)")
-        expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        expected = math.prod(shape) * dtype.itemsize
         if len(content) != expected:
             raise errors.ReverbError(f"stacked samples: column {i} has {len(content)} bytes of content, expected "
                                      f"{expected} for shape {list(shape)} of {dtype.name}")

@@ -24,6 +24,7 @@ nothing from the table, so no item is lost or counted as sampled.
 from __future__ import annotations
 
 import atexit
+import ipaddress
 import operator
 import queue
 import sys
@@ -520,6 +521,7 @@ class _Generators:
         self.exiting = threading.Event()
         self.live = 0      # generators started and not ended
         self.running = 0   # generators inside a call (not suspended at a yield)
+        self.started = False
         self.changed = time.monotonic()
         self.cv = threading.Condition()
 
@@ -527,6 +529,8 @@ class _Generators:
         self.exiting.set()
         deadline = time.monotonic() + self.TIMEOUT_S
         with self.cv:
+            if not self.started:  # (no generator ever ran: nothing of tf.data's can be in Python)
+                return
             while self.live and time.monotonic() < deadline:
                 if not self.running and time.monotonic() - self.changed >= self.QUIET_S:
                     break
@@ -535,6 +539,7 @@ class _Generators:
 
     def enter(self, started: bool = False) -> None:
         with self.cv:
+            self.started = True
             self.live += started
             self.running += 1
             self.changed = time.monotonic()
@@ -586,7 +591,12 @@ def _is_loopback(server_address: str) -> bool:
             break
     host = address.rsplit(":", 1)[0] if address.count(":") == 1 or address.startswith("[") else address
     host = host.strip("[]")
-    return host in ("localhost", "::1", "0:0:0:0:0:0:0:1") or host.startswith("127.")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name other than localhost
+        return False
 
 
 def _runs(samples: list) -> list:

@@ -282,7 +282,8 @@ def chunk_data_parts(chunk_key: int, episode_id: int, start: int, end: int, spar
 # --- reading (of bytes protobuf has already accepted: a server's stored chunks) ---
 
 def read_varint(buffer: bytes, pos: int) -> tuple:
-    """`(value, position after it)` of the varint at `buffer[pos]`."""
+    """`(value, position after it)` of the varint at `buffer[pos]`; IndexError past the buffer's end or
+    past 10 bytes (protobuf's longest varint: untrusted input must not make it read on)."""
     byte = buffer[pos]
     if byte < 0x80:
         return byte, pos + 1
@@ -294,6 +295,8 @@ def read_varint(buffer: bytes, pos: int) -> tuple:
         if byte < 0x80:
             return value, pos + 1
         shift += 7
+        if shift >= 70:
+            raise IndexError(f"a varint longer than 10 bytes at byte {pos - 9}")
 
 
 def chunk_tensor_fields(serialized: bytes) -> Optional[list]:
@@ -304,6 +307,8 @@ def chunk_tensor_fields(serialized: bytes) -> Optional[list]:
     pos, end, data = 0, len(serialized), None
     while pos < end:
         tag = serialized[pos]  # (every ChunkData field number is < 16: one-byte tags)
+        if tag & 0x80:  # a field this walk does not know
+            return None
         pos += 1
         wire_type = tag & 7
         if wire_type == 0:  # skipped, not read

@@ -105,7 +105,7 @@ def test_loopback_servers_are_asked_by_default_and_unbatched_samples_match(remot
 @pytest.mark.parametrize("address, expected", [
     ("localhost:1", True), ("127.0.0.1:80", True), ("[::1]:5", True), ("dns:///localhost:3", True),
     ("ipv4:127.0.0.1:4", True), ("unix:/tmp/socket", True), ("example.com:80", False), ("10.0.0.1:5", False),
-    ("[2001:db8::1]:5", False)])
+    ("[2001:db8::1]:5", False), ("127.0.0.2:9", True), ("127.example.com:80", False)])
 def test_only_loopback_addresses_get_stacked_samples_by_default(address, expected):
     assert trajectory_dataset_lib._is_loopback(address) is expected
 
@@ -200,6 +200,10 @@ def _stacked_proto(n=2, **changes):
     for name, value in changes.items():
         if name == "content":
             tensor.tensor_content = value
+        elif name == "shape":
+            tensor.tensor_shape.ClearField("dim")
+            for size in value:
+                tensor.tensor_shape.dim.add(size=size)
         elif name == "dtype":
             tensor.dtype = value
         else:
@@ -216,6 +220,9 @@ def _stacked_proto(n=2, **changes):
     ({"content": b"\0" * 20}, r"column 0 has 20 bytes of content, expected 24 for shape \[2, 3\] of float32"),
     ({"dtype": 7}, r"column 0 has dtype object and shape \[2, 3\], expected a numeric tensor of 2 rows"),
     ({"dtype": 21}, r"column 0 has an unsupported dtype"),
+    ({"shape": (2, -3)}, r"column 0 has dtype float32 and shape \[2, -3\], expected a numeric tensor of 2 rows"),
+    ({"shape": (2, 2 ** 32, 2 ** 32)},  # 2 ** 67 bytes: no int64 wrap-around to a size that fits
+     r"column 0 has 24 bytes of content, expected 147573952589676412928 for shape"),
 ])
 @pytest.mark.parametrize("reader", ["protobuf", "raw"])
 def test_malformed_stacked_samples_name_the_field(changes, error, reader):
@@ -261,6 +268,10 @@ def test_a_response_with_entries_and_stacked_samples_is_an_error():
     response.replay_tf_stacked.CopyFrom(_stacked_proto())
     response.entries.add(end_of_sequence=True)
     stream = _grpc_sample.SampleStream.__new__(_grpc_sample.SampleStream)
+    stream._stacked = False
+    with pytest.raises(reverb.errors.ReverbError, match="stacked samples, which this stream did not ask for"):
+        stream._samples(response, [None], _grpc_sample._ChunkCache())
+    stream._stacked = True
     with pytest.raises(reverb.errors.ReverbError, match="stacked samples with entries"):
         stream._samples(response, [None], _grpc_sample._ChunkCache())
     assert len(stream._samples(reverb_service_pb2.SampleStreamResponse(
@@ -311,14 +322,14 @@ def test_server_keeps_decoded_multi_row_chunks_within_its_bound_and_never_one_ro
     cache = _stacking.DecodedChunks(max_bytes=2 * entry)  # room for two three-row chunks
     chunks = [chunk(k, 3) for k in range(3)] + [chunk(9, 1)]
     tensors_of, _ = cache.readers()
-    for c in chunks + chunks:  # each decoded once per gather
+    for c in chunks + chunks:  # multi-row chunks decoded once per gather, one-row ones at each read
         assert (tensors_of(c)[0] == c.key).all()
-    assert decoded_calls == [0, 1, 2, 9] and len(cache) == 2 and cache.nbytes == 2 * entry
+    assert decoded_calls == [0, 1, 2, 9, 9] and len(cache) == 2 and cache.nbytes == 2 * entry
     assert not any(c.is_decoded for c in chunks)  # nothing kept on the chunks
     tensors_of, _ = cache.readers()  # a later gather: chunks 1 and 2 kept, 0 evicted, 9 never kept
     for c in [chunks[2], chunks[1], chunks[0], chunks[3]]:
         tensors_of(c)
-    assert decoded_calls[4:] == [0, 9]
+    assert decoded_calls[5:] == [0, 9]
 
 
 def _serialized_chunk(tensors, delta=False, key=7):
@@ -354,3 +365,36 @@ def test_stored_tensors_leave_what_the_walk_does_not_read_to_protobuf():
         chunk = chunk_store.Chunk(7, None, chunk_store.SequenceRange(0, 0, 0), encoded=serialized,
                                   decoder=lambda _: [])
         assert codec.stored_tensors(chunk) is None
+
+
+def test_zero_size_columns_stack_and_read_back():
+    sampled = [_sampled(k, np.zeros((4, 2, 3), np.int64), np.zeros(4, np.float32)) for k in (3, 4)]
+    columns = [np.empty((2, 0), np.float32), np.empty((2, 3, 0), np.bool_)]
+    raw = _stacking.stacked_response(sampled, columns)
+    proto = reverb_service_pb2.SampleStreamResponse.FromString(raw).replay_tf_stacked
+    assert [[d.size for d in t.tensor_shape.dim] for t in proto.columns] == [[2, 0], [2, 3, 0]]
+    for read in (_stacking.stacked_from_proto(proto), _stacking.read_stacked_response(raw)):
+        assert [(c.shape, c.dtype) for c in read.columns] == [((2, 0), np.float32), ((2, 3, 0), np.bool_)]
+
+
+def test_the_raw_reader_never_reads_on_past_a_varint_or_what_protobuf_reads_otherwise():
+    endless = b"\xc2\x3e\x80\x80\x04" + b"\x0a" + b"\xff" * (1 << 16) + b"\x01"  # 64 KiB of one varint
+    endless = endless[:2] + _raw_varint(len(endless) - 5) + endless[5:]
+    assert _stacking.read_stacked_response(endless) is None
+    proto = _stacked_proto()
+    twice = reverb_service_pb2.SampleStreamResponse(replay_tf_stacked=proto).SerializeToString()
+    shape = proto.columns[0].tensor_shape.SerializeToString()
+    # The column's shape given twice (protobuf merges the dims): left to protobuf.
+    tensor = proto.columns[0].SerializeToString()
+    doubled = tensor.replace(b"\x12" + bytes([len(shape)]) + shape, (b"\x12" + bytes([len(shape)]) + shape) * 2)
+    body = proto.SerializeToString().replace(b"\x3a" + bytes([len(tensor)]) + tensor,
+                                             b"\x3a" + bytes([len(doubled)]) + doubled)
+    raw = b"\xc2\x3e" + _raw_varint(len(body)) + body
+    assert [d.size for d in reverb_service_pb2.SampleStreamResponse.FromString(raw).replay_tf_stacked.columns[0]
+            .tensor_shape.dim] == [2, 3, 2, 3]
+    assert _stacking.read_stacked_response(raw) is None and _stacking.read_stacked_response(twice) is not None
+
+
+def _raw_varint(value: int) -> bytes:
+    from replay_tf.wire import _raw
+    return _raw.varint(value)

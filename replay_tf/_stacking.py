@@ -234,29 +234,30 @@ class StackedSamples(NamedTuple):
         return StackedSamples(*(field[start:stop] for field in self[:6]), [c[start:stop] for c in self.columns])
 
 
-# Field tags of `StackedSamples` (packed repeated scalars and the columns) and of the response's
-# `replay_tf_stacked` (field 1000, length-delimited).
-_INFO_FIELDS = ((b"\x0a", "<u8"), (b"\x12", "<f8"), (b"\x1a", "<i4"), (b"\x22", "<f8"), (b"\x2a", "<i8"),
-                (b"\x32", "u1"))
-_TAG_COLUMN = b"\x3a"
+# The per-sample fields of `StackedSamples`: name, field number, wire dtype (packed, little-endian; the
+# bools one byte each) and the `SampledItem` attribute they come from.
+_INFO_FIELDS = (("keys", 1, "<u8", "key"), ("priorities", 2, "<f8", "priority"),
+                ("times_sampled", 3, "<i4", "times_sampled"), ("probabilities", 4, "<f8", "probability"),
+                ("table_sizes", 5, "<i8", "table_size"), ("rate_limited", 6, "u1", "rate_limited"))
+_TAG_COLUMN = b"\x3a"  # StackedSamples.columns = 7
 _MAX_RANK = 64  # TensorFlow's limit is 254; a column of more dimensions is not a sample batch
-_TAG_RESPONSE_STACKED = b"\xc2\x3e"
+_TAG_RESPONSE_STACKED = b"\xc2\x3e"  # SampleStreamResponse.replay_tf_stacked = 1000
+
+
+def _info_array(values, wire_dtype: str) -> np.ndarray:
+    """An info field's values as the array `StackedSamples` holds (bools as bools)."""
+    array = np.asarray(values, wire_dtype)
+    return array.view(np.bool_) if wire_dtype == "u1" else array
 
 
 def stacked_response(sampled: list, columns: list) -> bytes:
     """A serialized `SampleStreamResponse` whose `replay_tf_stacked` holds `sampled` (`SampledItem`s) with
     their stacked `columns` (`stack_items`); the column contents are copied once, by the final join."""
     n = len(sampled)
-    info = (np.fromiter((s.item.key for s in sampled), np.uint64, n),
-            np.fromiter((s.priority for s in sampled), np.float64, n),
-            np.fromiter((s.times_sampled for s in sampled), np.int32, n),
-            np.fromiter((s.probability for s in sampled), np.float64, n),
-            np.fromiter((s.table_size for s in sampled), np.int64, n),
-            np.fromiter((s.rate_limited for s in sampled), np.uint8, n))
     parts = []
-    for (tag, dtype), values in zip(_INFO_FIELDS, info):
-        content = values.astype(dtype, copy=False).tobytes()
-        parts += [tag, _raw.varint(len(content)), content]
+    for _, number, dtype, attribute in _INFO_FIELDS:
+        content = np.fromiter(map(operator.attrgetter(attribute), sampled), dtype, n).tobytes()
+        parts += [_raw.varint(number << 3 | 2), _raw.varint(len(content)), content]
     for column in columns:
         content = memoryview(column.reshape(-1).view(np.uint8))  # (a flat byte view: 0-size columns too)
         head = _raw.tensor_head(codec.dtype_enum(column.dtype), column.shape, content.nbytes)
@@ -265,13 +266,9 @@ def stacked_response(sampled: list, columns: list) -> bytes:
     return b"".join([_TAG_RESPONSE_STACKED, _raw.varint(size), *parts])
 
 
-_INFO_NAMES = ("keys", "priorities", "times_sampled", "probabilities", "table_sizes", "rate_limited")
-_INFO_DTYPES = (np.uint64, np.float64, np.int32, np.float64, np.int64, np.bool_)
-
-
 def stacked_from_proto(proto) -> StackedSamples:
     """The `StackedSamples` of a `replay_tf_stacked` response field (see `_checked` for the errors)."""
-    info = [np.array(getattr(proto, name), dtype) for name, dtype in zip(_INFO_NAMES, _INFO_DTYPES)]
+    info = [_info_array(getattr(proto, name), dtype) for name, _, dtype, _ in _INFO_FIELDS]
     columns = [(t.dtype, tuple(d.size for d in t.tensor_shape.dim), t.tensor_content) for t in proto.columns]
     return _checked(info, columns)
 
@@ -302,20 +299,18 @@ def read_stacked_response(raw: bytes) -> Optional[StackedSamples]:
                     return None
                 columns.append(column)
             else:
-                dtype = _INFO_FIELDS[field - 1][1]
+                dtype = _INFO_FIELDS[field - 1][2]
                 if info[field - 1] is not None or size % np.dtype(dtype).itemsize:
                     return None
                 values = np.frombuffer(view[pos:end], dtype).copy()  # (a view would keep `raw` alive)
-                if field == 6:
-                    if (values > 1).any():  # (a varint other than 0 and 1)
-                        return None
-                    values = values.view(np.bool_)
-                info[field - 1] = values
+                if dtype == "u1" and (values > 1).any():  # (a bool varint other than 0 and 1)
+                    return None
+                info[field - 1] = _info_array(values, dtype)
             pos = end
     except IndexError:  # a varint running past the end
         return None
-    empty = [np.empty(0, dtype) for dtype in _INFO_DTYPES]
-    return _checked([empty[i] if values is None else values for i, values in enumerate(info)], columns)
+    return _checked([_info_array((), field[2]) if values is None else values
+                     for field, values in zip(_INFO_FIELDS, info)], columns)
 
 
 def _read_tensor(raw: bytes, view: memoryview, pos: int, end: int) -> Optional[tuple]:
@@ -365,7 +360,7 @@ def _checked(info: list, columns: list) -> StackedSamples:
     n = len(info[0])
     if n == 0:
         raise errors.ReverbError("stacked samples: no keys (a stacked response carries at least one sample)")
-    for name, values in zip(_INFO_NAMES[1:], info[1:]):
+    for (name, *_), values in zip(_INFO_FIELDS[1:], info[1:]):
         if len(values) != n:
             raise errors.ReverbError(f"stacked samples: {name} has {len(values)} values, expected {n} (one per key)")
     arrays = []

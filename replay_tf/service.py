@@ -629,17 +629,17 @@ class ReverbServicer:
     def _stacked_responses(self, entry: _TableEntry, batch: list) -> Iterator[bytes]:
         """`_responses` for a client that asked for stacked samples (rl-data-tf's extension): each response
         holds up to ~`_RESPONSE_TARGET_BYTES` of whole samples stacked per column. Samples whose columns
-        differ in count, dtype or shape (or hold strings) are sent as entries, the standard way."""
+        differ in count, dtype or shape are sent as entries, the standard way, and so is the rest of the
+        batch from a sample with a column that cannot be stacked (strings)."""
         _malloc.keep_large_buffers_in_heap()  # each response is ~2 MiB of columns, then one message (see _malloc)
         tensors_of, pending_of = self._decoded_chunks.readers()
         start = 0
         while start < len(batch):
             # A response never splits a sample: it takes as many whole samples as fit the target size.
             layouts = _stacking.column_layouts(batch[start].item, tensors_of, pending_of)
-            if layouts is None:
-                yield from self._responses(entry, batch[start:start + 1])
-                start += 1
-                continue
+            if layouts is None:  # (strings: a table's items all have them, so the rest goes as entries)
+                yield from self._responses(entry, batch[start:])
+                return
             per_sample = max(1, sum(dtype.itemsize * math.prod(shape) for dtype, shape in layouts))
             stop = min(len(batch), start + max(1, _RESPONSE_TARGET_BYTES // per_sample))
             group = batch[start:stop]

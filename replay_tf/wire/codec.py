@@ -194,11 +194,17 @@ class PendingTensor(NamedTuple):
 def pending_tensor(proto, *, delta_encoded: bool = False) -> Optional[PendingTensor]:
     """`proto` as a `PendingTensor` when its header was seen before (else None: use `decode_tensor`, which
     checks and remembers headers). Only the content is copied; nothing is decompressed."""
-    header = _HEADERS.get((proto.dtype, proto.tensor_shape.SerializeToString()))
+    fields = _pending_fields(proto.dtype, proto.tensor_shape.SerializeToString(), delta_encoded)
+    return None if fields is None else PendingTensor(*fields, proto.tensor_content)
+
+
+def _pending_fields(dtype: int, shape: bytes, delta_encoded: bool) -> Optional[tuple]:
+    """`(dtype, shape, nbytes, delta)` of a `PendingTensor` whose header (dtype enum, serialized
+    `tensor_shape`) was seen before, else None; the delta encoding applies where the header allows it."""
+    header = _HEADERS.get((dtype, shape))
     if header is None:
         return None
-    dtype, shape, expected, delta = header
-    return PendingTensor(dtype, shape, expected, delta_encoded and delta, proto.tensor_content)
+    return header[0], header[1], header[2], delta_encoded and header[3]
 
 
 def stored_tensors(chunk: chunk_store.Chunk) -> Optional[list]:
@@ -218,12 +224,11 @@ def stored_tensors(chunk: chunk_store.Chunk) -> Optional[list]:
     if fields is not None:
         view = memoryview(serialized)
         for dtype, shape, (start, end) in fields:
-            header = _HEADERS.get((dtype, shape))
-            if header is None:
+            pending = _pending_fields(dtype, shape, chunk.delta_encoded)
+            if pending is None:
                 views = []
                 break
-            views.append(PendingTensor(header[0], header[1], header[2], chunk.delta_encoded and header[3],
-                                       view[start:end]))
+            views.append(PendingTensor(*pending, view[start:end]))
     chunk.encoded_views = views  # ([]: not readable so, asked again never)
     return views or None
 

@@ -398,3 +398,27 @@ def test_the_raw_reader_never_reads_on_past_a_varint_or_what_protobuf_reads_othe
 def _raw_varint(value: int) -> bytes:
     from replay_tf.wire import _raw
     return _raw.varint(value)
+
+
+def test_samples_with_string_columns_go_as_entries_a_response_of_several(monkeypatch):
+    from replay_tf import service as service_lib
+    monkeypatch.setattr(client_lib, "make_transport", _grpc_transport.Transport)
+    sent_as_entries = []  # samples per call of the entries path
+    original = service_lib.ReverbServicer._responses
+
+    def recorded(self, entry, batch):
+        sent_as_entries.append(len(batch))
+        return original(self, entry, batch)
+    monkeypatch.setattr(service_lib.ReverbServicer, "_responses", recorded)
+    signature = {"n": tf.TensorSpec([1], tf.int64), "tag": tf.TensorSpec([1], tf.string)}
+    server = reverb.Server([reverb.Table.queue("q", 100, signature=signature)])
+    client = reverb.Client(f"localhost:{server.port}")
+    for i in range(16):
+        client.insert({"n": np.int64(i), "tag": np.array(f"t{i}".encode(), object)}, {"q": 1.0})
+    dataset = reverb.TrajectoryDataset.from_table_signature(f"localhost:{server.port}", "q", 16,
+                                                            stacked_samples=True, max_samples=16)
+    batch = next(iter(dataset.batch(16)))
+    assert batch.data["n"].numpy()[:, 0].tolist() == list(range(16))
+    assert [t.decode() for t in batch.data["tag"].numpy()[:, 0]] == [f"t{i}" for i in range(16)]
+    assert sum(sent_as_entries) == 16 and max(sent_as_entries) > 1  # not one response per sample
+    server.stop()

@@ -27,6 +27,7 @@ from typing import Any, Dict, Iterator, List, Optional, Protocol
 import numpy as np
 import tree
 
+from replay_tf import _addresses
 from replay_tf import server as server_lib
 from replay_tf._inprocess_transport import InProcessTransport
 from replay_tf.core.chunk_store import Chunk, ChunkSlice, Column, Item, SequenceRange, new_key
@@ -121,7 +122,7 @@ def set_connection_options(server_address: str, *, channel_credentials=None,
     >>> set_connection_options('replay.example.com:8000', auth_token='s3cret')
     >>> set_connection_options('replay.example.com:8000')  # cleared
     """
-    server_lib._split_address(server_address)  # ValueError for a malformed address
+    _addresses.split_address(server_address)  # ValueError for a malformed address
     if auth_token is not None and (not isinstance(auth_token, str) or not auth_token):
         raise ValueError(f"auth_token must be a non-empty str or None, got {type(auth_token).__name__}")
     with _connection_options_lock:

@@ -21,26 +21,18 @@ import threading
 import weakref
 from typing import Optional, Sequence
 
+from replay_tf import _addresses
 from replay_tf.core.chunk_store import ChunkStore
 from replay_tf.core.table import Table
-
-_LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1", "[::1]", "0.0.0.0", "[::]", "")
 
 _registry_lock = threading.Lock()
 _registry: "weakref.WeakValueDictionary[int, Server]" = weakref.WeakValueDictionary()
 
 
-def _split_address(address: str) -> tuple:
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError(f"server_address ({address!r}) must look like 'host:port', e.g. 'localhost:8000'")
-    return host.lower(), int(port)
-
-
 def find_local_server(address: str) -> Optional["Server"]:
     """The running `Server` of this process that owns `address` (a loopback host and its port), if any."""
-    host, port = _split_address(address)
-    if host not in _LOOPBACK_HOSTS:
+    host, port = _addresses.split_address(address)
+    if not _addresses.reaches_this_machine(host):
         return None
     with _registry_lock:
         return _registry.get(port)

@@ -45,6 +45,7 @@ import grpc
 import numpy as np
 from google.protobuf import message as protobuf_message
 
+from replay_tf import _addresses
 from replay_tf import _grpc_common
 from replay_tf import _malloc
 from replay_tf import _stacking
@@ -693,7 +694,6 @@ class GrpcService:
 
 
 _STREAM_METHODS = frozenset(("InsertStream", "SampleStream", "InitializeConnection"))
-_LOOPBACK_HOSTS = frozenset(("localhost", "127.0.0.1", "::1", "[::1]"))
 
 
 class _TokenInterceptor(grpc.ServerInterceptor):
@@ -786,7 +786,7 @@ def start(server, *, host: Optional[str] = None, port: Optional[int] = None,
         server_credentials = getattr(server, "server_credentials", None)
     if auth_token is None:
         auth_token = getattr(server, "auth_token", None)
-    if host.lower() not in _LOOPBACK_HOSTS and server_credentials is None and auth_token is None:
+    if not _addresses.is_loopback_host(host) and server_credentials is None and auth_token is None:
         _log.warning("the replay server binds %s:%s without TLS or auth token: anyone who can reach it may read, "
                      "insert and delete data (pass server_credentials= and auth_token= to Server)", host, port)
     servicer = ReverbServicer(server)

@@ -24,7 +24,6 @@ nothing from the table, so no item is lost or counted as sampled.
 from __future__ import annotations
 
 import atexit
-import ipaddress
 import operator
 import queue
 import sys
@@ -36,6 +35,7 @@ import numpy as np
 import tensorflow as tf
 import tree
 
+from replay_tf import _addresses
 from replay_tf import _stacking
 from replay_tf import errors
 
@@ -162,7 +162,7 @@ class TrajectoryDataset(tf.data.Dataset):
         self._max_samples_per_stream = None if max_samples_per_stream == -1 else max_samples_per_stream
         self._timeout_ms = None if rate_limiter_timeout_ms == -1 else rate_limiter_timeout_ms
         self._max_samples = None if max_samples == -1 else max_samples
-        self._stacked = _is_loopback(server_address) if stacked_samples is None else bool(stacked_samples)
+        self._stacked = _addresses.is_loopback_target(server_address) if stacked_samples is None else bool(stacked_samples)
         self._validate_against_signature()
         self._dataset = self._build()
         super().__init__(self._dataset._variant_tensor)
@@ -578,25 +578,6 @@ def _ending_at_exit(generator):
 
 
 _END = object()
-
-
-def _is_loopback(server_address: str) -> bool:
-    """Whether `server_address` (`host:port`, gRPC's `dns:`/`ipv4:`/`ipv6:`/`unix:` forms) names this machine."""
-    address = server_address.lower()
-    if address.startswith(("unix:", "unix-abstract:")):
-        return True
-    for scheme in ("dns:///", "dns:", "ipv4:", "ipv6:"):
-        if address.startswith(scheme):
-            address = address[len(scheme):]
-            break
-    host = address.rsplit(":", 1)[0] if address.count(":") == 1 or address.startswith("[") else address
-    host = host.strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a host name other than localhost
-        return False
 
 
 def _runs(samples: list) -> list:

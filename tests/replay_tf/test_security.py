@@ -162,13 +162,16 @@ def test_local_clients_of_a_protected_server_are_in_process(token_server):
     assert sorted(client.server_info()) == ["t"]
 
 
-@pytest.mark.parametrize("kwargs,warned", [
-    ({}, True),
-    ({"auth_token": _TOKEN}, False),
+@pytest.mark.parametrize("host,kwargs,warned", [
+    ("0.0.0.0", {}, True),
+    ("0.0.0.0", {"auth_token": _TOKEN}, False),
+    ("127.0.0.1", {}, False),
+    ("LOCALHOST", {}, False),
+    ("::1", {}, False),
 ])
-def test_a_network_bind_without_protection_is_logged(caplog, kwargs, warned):
+def test_a_network_bind_without_protection_is_logged(caplog, host, kwargs, warned):
     with caplog.at_level(logging.WARNING, logger="replay_tf.service"):
-        server = reverb.Server(_tables(), host="0.0.0.0", **kwargs)
+        server = reverb.Server(_tables(), host=host, **kwargs)
         server.stop()
     assert any("without TLS or auth token" in r.getMessage() for r in caplog.records) == warned
 

@@ -146,7 +146,10 @@ class InsertStream:
                         in_request[chunk_key] = chunk
                         if chunk_key not in sent:
                             sent[chunk_key] = chunk
-                            parts = chunk_parts(chunk)
+                            key_field = key_fields.get(chunk_key)
+                            if key_field is None:  # (the item's slices will use it too)
+                                key_field = key_fields[chunk_key] = _raw.key_field(chunk_key)
+                            parts = chunk_parts(chunk, key_field)
                             data_size = sum(map(len, parts))
                             chunks.append(chunk_head(data_size))
                             chunks += parts  # (the compressed contents are copied once, by the join)

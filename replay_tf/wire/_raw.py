@@ -135,9 +135,8 @@ _INDEX_FIELDS = [b"\x20" + bytes((i,)) for i in range(128)]   # ChunkSlice.index
 
 
 def _four_varint_fields(first: int, second: int, third: int, fourth: int) -> bytes:
-    """Fields 1-4 of a message made only of varint fields (bools as 0/1), zeros left out as in proto3:
-    `ChunkSlice` (chunk_key, offset, length, index) and `SequenceRange` (episode_id, start, end, sparse).
-    Written out rather than looped: it runs for every slice and chunk a writer sends."""
+    """Fields 1-4 of a message made only of varint fields, zeros left out as in proto3: `ChunkSlice`
+    (chunk_key, offset, length, index). Written out rather than looped: it runs for every slice."""
     out = b"\x08" + varint(first) if first else b""
     if second:
         out += b"\x10" + varint(second)
@@ -177,7 +176,7 @@ def resolved_trajectory(columns: tuple, key_fields: dict) -> bytes:
             chunk_key = column[j].key
             s = key_fields.get(chunk_key)
             if s is None:
-                s = key_fields[chunk_key] = b"\x08" + varint(chunk_key) if chunk_key else b""
+                s = key_fields[chunk_key] = key_field(chunk_key)
             index, start, stop = column[j + 1], column[j + 2], column[j + 3]
             # ChunkSlice.offset = 2, length = 3, index = 4 (the rows [start, stop)); small values from tables.
             if start:
@@ -240,6 +239,20 @@ def keep_chunk_keys(keys, key_fields: Optional[dict] = None) -> bytes:
 def tensor_head(dtype: int, shape: tuple, content_size: int) -> bytes:
     """A serialized `tensorflow.TensorProto` (dtype = 1, tensor_shape = 2, tensor_content = 4) up to its
     content: the whole message is this head followed by the `content_size` bytes of `tensor_content`."""
+    prefix = _TENSOR_PREFIXES.get((dtype, shape))
+    if prefix is None:
+        prefix = _tensor_prefix(dtype, shape)
+        if len(_TENSOR_PREFIXES) >= _MAX_TENSOR_PREFIXES:
+            _TENSOR_PREFIXES.clear()
+        _TENSOR_PREFIXES[(dtype, shape)] = prefix
+    return prefix + b"\x22" + varint(content_size) if content_size else prefix
+
+
+_TENSOR_PREFIXES: dict = {}  # (dtype enum, shape) -> the head's dtype and tensor_shape fields
+_MAX_TENSOR_PREFIXES = 4096
+
+
+def _tensor_prefix(dtype: int, shape: tuple) -> bytes:
     dims = []
     for size in shape:
         dim = b"\x08" + varint(size) if size else b""  # TensorShapeProto.Dim.size = 1
@@ -248,19 +261,28 @@ def tensor_head(dtype: int, shape: tuple, content_size: int) -> bytes:
     parts = [b"\x08", varint(dtype)] if dtype else []
     if shape:
         parts += [b"\x12", varint(len(dims)), dims]
-    if content_size:
-        parts += [b"\x22", varint(content_size)]
     return b"".join(parts)
 
 
-def chunk_data_parts(chunk_key: int, episode_id: int, start: int, end: int, sparse: bool, delta_encoded: bool,
-                     tensors: list, uncompressed_size: int) -> list:
+def key_field(value: int) -> bytes:
+    """Field 1 of a message as a varint, left out when 0: `ChunkData.chunk_key`, `ChunkSlice.chunk_key` and
+    `SequenceRange.episode_id` alike (random uint64s, ten-byte varints: worth writing once per key)."""
+    return b"\x08" + varint(value) if value else b""
+
+
+def chunk_data_parts(chunk_key_field: bytes, episode_id_field: bytes, start: int, end: int, sparse: bool,
+                     delta_encoded: bool, tensors: list, uncompressed_size: int) -> list:
     """A serialized `ChunkData` as a list of bytes-like parts, whose `data.tensors` are `tensors`, each a
     `(tensor_head(...), content)` pair: the contents are listed, not copied (joined once by whoever sends
-    the chunk)."""
-    seq = _four_varint_fields(episode_id, start, end, int(sparse))
-    parts = [b"\x08", varint(chunk_key)] if chunk_key else []
-    parts += [b"\x12", varint(len(seq)), seq]
+    the chunk). The chunk key and episode id are given as their `key_field`s."""
+    seq = episode_id_field
+    if start:
+        seq += b"\x10" + varint(start)
+    if end:
+        seq += b"\x18" + varint(end)
+    if sparse:
+        seq += b"\x20\x01"
+    parts = [chunk_key_field, b"\x12", varint(len(seq)), seq]
     if delta_encoded:
         parts.append(b"\x20\x01")
     data = []

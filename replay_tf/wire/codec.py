@@ -470,11 +470,15 @@ def serialized_chunk(chunk: chunk_store.Chunk) -> bytes:
     return serialized
 
 
-def serialized_chunk_parts(chunk: chunk_store.Chunk) -> list:
+def serialized_chunk_parts(chunk: chunk_store.Chunk, key_field: Optional[bytes] = None) -> list:
     """`serialized_chunk(chunk)` as a list of bytes-like parts that join to it, for a chunk sent once (an
-    insert stream): its compressed contents are not copied into one `bytes`, and nothing is cached."""
+    insert stream): its compressed contents are not copied into one `bytes`, and nothing is cached.
+    `key_field` is `_raw.key_field(chunk.key)` if the caller has it."""
     serialized = _cached_serialized(chunk)
-    return _encoded_chunk_parts(chunk) if serialized is None else [serialized]
+    if serialized is not None:
+        return [serialized]
+    parts = _numeric_chunk_parts(chunk, key_field)
+    return [chunk_to_proto(chunk).SerializeToString()] if parts is None else parts
 
 
 def _cached_serialized(chunk: chunk_store.Chunk) -> Optional[bytes]:
@@ -492,7 +496,7 @@ def _encoded_chunk_parts(chunk: chunk_store.Chunk) -> list:
     return [chunk_to_proto(chunk).SerializeToString()] if parts is None else parts
 
 
-def _numeric_chunk_parts(chunk: chunk_store.Chunk) -> Optional[list]:
+def _numeric_chunk_parts(chunk: chunk_store.Chunk, key_field: Optional[bytes] = None) -> Optional[list]:
     """`chunk_to_proto(chunk).SerializeToString()` written by `_raw` as a list of bytes-like parts (the
     compressed contents as cramjam returns them, uncopied), or None when a tensor needs the general path
     (strings, byte-swapped, or delta-encoded)."""
@@ -508,7 +512,16 @@ def _numeric_chunk_parts(chunk: chunk_store.Chunk) -> Optional[list]:
         tensors.append((_raw.tensor_head(dtype_enum(array.dtype), array.shape, len(content)), content))
         uncompressed += array.nbytes
     r = chunk.sequence_range
-    return _raw.chunk_data_parts(chunk.key, r.episode_id, r.start, r.end, r.sparse, delta, tensors, uncompressed)
+    global _last_episode_field
+    episode = _last_episode_field  # (consecutive chunks are mostly of one episode)
+    if episode[0] != r.episode_id:
+        episode = _last_episode_field = (r.episode_id, _raw.key_field(r.episode_id))
+    if key_field is None:
+        key_field = _raw.key_field(chunk.key)
+    return _raw.chunk_data_parts(key_field, episode[1], r.start, r.end, r.sparse, delta, tensors, uncompressed)
+
+
+_last_episode_field = (None, b"")  # (episode id, its `_raw.key_field`)
 
 
 # --- items and trajectories ---

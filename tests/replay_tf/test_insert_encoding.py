@@ -34,6 +34,21 @@ def test_numeric_chunks_serialize_as_protobuf_does(dtype, shape, delta):
         np.testing.assert_array_equal(codec._decode_serialized(expected)[0], array)
 
 
+def test_fields_cached_across_chunks_do_not_leak_between_them():
+    # The episode id's field is cached for consecutive chunks and a tensor head's dtype and shape fields per
+    # (dtype, shape): chunks alternating episodes, with contents of one shape compressing to different sizes
+    # (zeros, noise), serialize exactly, whether the sender passes the chunk key's field or not.
+    rng = np.random.default_rng(7)
+    for i in range(8):
+        episode = [0, 2**63 + 1, 12345][i % 3]
+        array = np.zeros((2, 8, 8), np.uint8) if i % 2 else rng.integers(0, 256, (2, 8, 8), dtype=np.uint8)
+        key = [0, 1000 + i][i % 2] if i < 4 else 2**64 - i
+        fast, reference = _chunks(key, [array], cs.SequenceRange(episode, i, i + 1), False)
+        expected = codec.chunk_to_proto(reference).SerializeToString()
+        key_field = _raw.key_field(key) if i % 3 else None
+        assert b"".join(codec.serialized_chunk_parts(fast, key_field)) == expected, i
+
+
 @pytest.mark.parametrize("strings", [np.array([b"t0", b""], dtype=object), np.array([b"ab", b"c"])])
 def test_string_chunks_take_the_general_path(strings):
     fast, reference = _chunks(3, [np.zeros((2, 2), np.float32), strings], cs.SequenceRange(1, 0, 1), False)

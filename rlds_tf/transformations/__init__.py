@@ -1,4 +1,5 @@
 """rlds_tf.transformations: the names of `rlds.transformations`, in plain tf.data."""
+from rlds_tf.transformations import batched_helpers
 from rlds_tf.transformations.alignment import AlignmentType
 from rlds_tf.transformations.alignment import add_alignment_to_step
 from rlds_tf.transformations.alignment import shift_keys

@@ -30,6 +30,8 @@ def shift_keys(steps: tf.data.Dataset, keys: Sequence[str], shift: int,
     if batch_size != flexible_batch.BATCH_AUTO_TUNE and abs(shift) >= batch_size:
         raise ValueError(f"Trying to shift {shift} positions using a batch size of {batch_size} (abs(shift) "
                          f"should be smaller than the batch size).")
+    if isinstance(keys, str):
+        keys = [keys]  # one key (rlds' substring test happens to accept it too)
     unknown = sorted(set(keys) - set(steps.element_spec))
     if unknown:
         raise KeyError(f"shift_keys: keys {unknown} are not step fields; fields: {sorted(steps.element_spec)}")

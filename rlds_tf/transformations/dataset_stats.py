@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, Tuple
 
+import numpy as np
 import tensorflow as tf
 
 from rlds_tf import rlds_types
@@ -13,7 +14,11 @@ from rlds_tf.transformations import shape_ops
 def sar_fields_mask(step: rlds_types.Step) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     """(observation/action/reward, validity) under SAR alignment: action and reward are invalid when is_last."""
     data = {k: step[k] for k in (rlds_types.OBSERVATION, rlds_types.ACTION, rlds_types.REWARD)}
-    valid = tf.logical_not(tf.cast(step[rlds_types.IS_LAST], tf.bool))
+    is_last = step[rlds_types.IS_LAST]
+    try:
+        valid = not bool(is_last)  # an eager value: a Python bool, as rlds gives
+    except (TypeError, ValueError):  # traced, or a batch of steps
+        valid = tf.logical_not(tf.cast(is_last, tf.bool))
     mask = {rlds_types.OBSERVATION: True, rlds_types.ACTION: valid, rlds_types.REWARD: valid}
     return data, mask
 
@@ -29,7 +34,8 @@ def mean_and_std(episodes_dataset: tf.data.Dataset,
       optimization_batch_size: steps per vectorized batch (BATCH_AUTO_TUNE: automatic).
 
     Returns:
-      (mean, std), each shaped like the data dict; std divides by count - 1.
+      (mean, std), each shaped like the data dict; std divides by count - 1. As in rlds, called eagerly the
+      means are tensors and the standard deviations numpy values.
     """
     size = flexible_batch.get_batch_size(episodes_dataset, optimization_batch_size)
     batches = episodes_dataset.flat_map(lambda e: e[rlds_types.STEPS]).batch(size)
@@ -68,6 +74,7 @@ def mean_and_std(episodes_dataset: tf.data.Dataset,
     squares = batches.map(batch_square_errors, num_parallel_calls=tf.data.AUTOTUNE)
     total_squares = squares.reduce(shape_ops.zeros_from_spec(squares.element_spec),
                                    lambda acc, x: tf.nest.map_structure(tf.add, acc, x))
-    std = {k: tf.nest.map_structure(lambda x, k=k: tf.sqrt(x / (count[k] - 1)), total_squares[k])
-           for k in count}
+    # Called eagerly, std is numpy (np.float64 or arrays) and mean tensors, as in rlds; traced, both are tensors.
+    sqrt = np.sqrt if tf.executing_eagerly() else tf.sqrt
+    std = {k: tf.nest.map_structure(lambda x, k=k: sqrt(x / (count[k] - 1)), total_squares[k]) for k in count}
     return mean, std

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+import numpy as np
 import tensorflow as tf
 
 from rlds_tf import rlds_types
@@ -127,11 +128,15 @@ def batch(dataset: tf.data.Dataset, size: int = BATCH_AUTO_TUNE, shift: Optional
         `tf.train.Checkpoint` (this used to choose between TF's private sliding-window kernel, which cannot
         save its state, and the blocked gather, which is now the only implementation).
 
+    `size`, `shift` and `stride` may be Python or numpy integers, or integer scalar tensors whose value is
+    known when the dataset is built (rlds takes int64 tensors). The result has a known cardinality whenever
+    the input's is known (rlds' sliding window loses it, or reports too many batches with `drop_remainder`).
+
     Returns:
       The dataset of batches (leading dimension None, or `size` when `drop_remainder`).
 
     Raises:
-      ValueError: `size`, `shift` or `stride` is not positive.
+      ValueError: `size`, `shift` or `stride` is not a positive integer.
 
     >>> ds = tf.data.Dataset.range(1, 5)
     >>> [x.numpy().tolist() for x in batch(ds, size=2, shift=1, stride=2)]
@@ -140,14 +145,43 @@ def batch(dataset: tf.data.Dataset, size: int = BATCH_AUTO_TUNE, shift: Optional
     [[1, 2, 3], [3, 4]]
     """
     del checkpointable  # always true now
-    size = get_batch_size(dataset, size)
-    if not shift:
+    size = get_batch_size(dataset, _positive_int("size", size, BATCH_AUTO_TUNE))
+    shift = size if shift is None else _positive_int("shift", shift, 0)
+    if not shift:  # (rlds takes 0 for the default too)
         shift = size
-    for name, value in (("size", size), ("shift", shift), ("stride", stride)):
-        if not isinstance(value, int) or value <= 0:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    stride = _positive_int("stride", stride)
     if shift == size and stride == 1:
         return dataset.batch(size, drop_remainder=drop_remainder)
     if _vectorizable(dataset.element_spec):
-        return _windows_by_blocks(dataset, size, shift, stride, drop_remainder)
-    return _windows_by_dataset(dataset, size, shift, stride, drop_remainder)
+        windows = _windows_by_blocks(dataset, size, shift, stride, drop_remainder)
+    else:
+        windows = _windows_by_dataset(dataset, size, shift, stride, drop_remainder)
+    count = num_windows(int(dataset.cardinality()), size, shift, stride, drop_remainder)
+    return windows if count is None else windows.apply(tf.data.experimental.assert_cardinality(count))
+
+
+def _positive_int(name: str, value: Any, *allowed: int) -> int:
+    """`value` (a Python or numpy integer, or an integer scalar tensor with a static value) as an int;
+    ValueError unless it is positive or one of `allowed`."""
+    static = tf.get_static_value(value) if tf.is_tensor(value) else value
+    if (isinstance(static, (int, np.integer)) and not isinstance(static, (bool, np.bool_))) or (
+            isinstance(static, np.ndarray) and static.ndim == 0 and static.dtype.kind in "iu"):
+        static = int(static)
+        if static > 0 or static in allowed:
+            return static
+    raise ValueError(f"{name} must be a positive integer (a Python or numpy int, or an integer scalar tensor "
+                     f"known when the dataset is built), got {value!r}")
+
+
+def num_windows(num_elements: int, size: int, shift: int, stride: int, drop_remainder: bool) -> Optional[int]:
+    """How many batches `batch` makes of `num_elements` elements: windows start every `shift` elements, and
+    all of them count (each keeps what is left) or, with `drop_remainder`, only those that are full; None for
+    a cardinality that is not a count (unknown), INFINITE_CARDINALITY for an infinite input."""
+    if num_elements == tf.data.INFINITE_CARDINALITY:
+        return num_elements
+    if num_elements < 0:
+        return None
+    if not drop_remainder:
+        return -(-num_elements // shift)
+    span = (size - 1) * stride + 1
+    return (num_elements - span) // shift + 1 if num_elements >= span else 0

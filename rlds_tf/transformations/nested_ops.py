@@ -16,7 +16,9 @@ from rlds_tf.transformations import shape_ops
 
 def _with_steps(episode: rlds_types.Episode, steps: Any) -> rlds_types.Episode:
     """A new episode dict: the same metadata, new steps (the input dict is not modified)."""
-    return {**{k: v for k, v in episode.items() if k != rlds_types.STEPS}, rlds_types.STEPS: steps}
+    if rlds_types.STEPS not in episode:
+        return {**episode, rlds_types.STEPS: steps}
+    return {k: (steps if k == rlds_types.STEPS else v) for k, v in episode.items()}  # (keys keep their order)
 
 
 def map_steps(steps_dataset: tf.data.Dataset, transform_step: Callable[[rlds_types.Step], Any],

@@ -8,6 +8,7 @@ import doctest
 import pathlib
 import re
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -65,6 +66,34 @@ def test_iterator_restores_at_every_position(tmp_path, monkeypatch, size, shift,
     full = _listed(ds)
     for position in sorted({0, 1, len(full) // 2, len(full) - 2, len(full) - 1, len(full)}):
         assert_iterator_checkpoint_roundtrip(ds, tmp_path, num_before=position)
+
+
+def test_cardinality_is_the_number_of_batches_made():
+    # Counted by iterating: rlds' sliding window reports unknown (or, with drop_remainder, too many).
+    for size, shift, stride, drop in _PARAMS:
+        for n in (0, 1, 2, 9):
+            for ds in (_pairs(n), tf.data.Dataset.range(n).map(lambda x: tf.fill([x - x + 2], x))):  # [None]: window path
+                batched = flexible_batch.batch(ds, size, shift, stride, drop)
+                assert int(batched.cardinality()) == len(_expected(n, size, shift, stride, drop)) == sum(
+                    1 for _ in batched), (size, shift, stride, drop, n)
+    assert flexible_batch.batch(_pairs(3).repeat(), 2, 1).cardinality() == tf.data.INFINITE_CARDINALITY
+    assert flexible_batch.batch(_pairs(3).filter(lambda e: True), 2, 1).cardinality() == tf.data.UNKNOWN_CARDINALITY
+
+
+def test_sizes_may_be_numpy_integers_or_static_integer_tensors():
+    # As in rlds (int64 tensors; numpy ints from configs).
+    want = [[0, 1], [1, 2], [2, 3], [3]]
+    for size, shift in [(np.int64(2), np.int32(1)), (tf.constant(2, tf.int64), tf.constant(1, tf.int32))]:
+        assert _listed(flexible_batch.batch(tf.data.Dataset.range(4), size, shift)) == want
+    assert _listed(flexible_batch.batch(tf.data.Dataset.range(5), np.int64(2))) == [[0, 1], [2, 3], [4]]
+
+
+@pytest.mark.parametrize("name,kwargs", [("size", {"size": 0}), ("size", {"size": 1.5}), ("size", {"size": True}),
+                                          ("shift", {"shift": -2}), ("stride", {"stride": 0}),
+                                          ("size", {"size": tf.constant([2, 3])}), ("stride", {"stride": "2"})])
+def test_bad_sizes_name_the_argument(name, kwargs):
+    with pytest.raises(ValueError, match=rf"{name} must be a positive integer .*got"):
+        flexible_batch.batch(tf.data.Dataset.range(4), **{"size": 2, "shift": 1, **kwargs})
 
 
 def test_large_rows_get_small_blocks():

@@ -97,6 +97,15 @@ spec = {'a': tf.TensorSpec([None, 2], tf.int32), 'b': {'c': tf.TensorSpec([], tf
 RESULTS['zeros_from_spec'] = T.zeros_from_spec(spec)
 RESULTS['zero_dataset_like'] = listed(T.zero_dataset_like(steps_ds()))
 RESULTS['step_spec'] = {k: [str(v.dtype.name), str(v.shape)] for k, v in T.step_spec(episodes_ds()).items()}
+RESULTS['batch_numpy_sizes'] = listed(T.batch(ints, np.int64(2), np.int64(1)))
+RESULTS['batch_tensor_size'] = listed(T.batch(ints, tf.constant(3, tf.int64)))
+RESULTS['batched_map'] = listed(T.batched_helpers.batched_map(
+    steps_ds(), lambda b: dict(b, reward=b['reward'] + tf.cast(b['action'], tf.float32)), size=4))
+RESULTS['shift_keys_one_str'] = listed(T.shift_keys(steps_ds(), 'action', 1))
+RESULTS['episode_keys_in_order'] = [k for e in T.map_nested_steps(episodes_ds(), double_reward) for k in e]
+RESULTS['sar_mask_types'] = [type(v).__name__ for v in T.sar_fields_mask(next(iter(steps_ds())))[1].values()]
+mean, std = T.mean_and_std(episodes_ds(), T.sar_fields_mask)
+RESULTS['std_types'] = [type(std[k]).__name__ for k in sorted(std)]
 transition = lambda s: {'o': s['observation'][-2], 'a': s['action'][-2], 'next_o': s['observation'][-1]}
 RESULTS['pattern_map_from_transform'] = listed(T.pattern_map_from_transform(episodes_ds(), transition))
 RESULTS['pattern_map_from_transform_across'] = listed(T.pattern_map_from_transform(
@@ -165,6 +174,30 @@ def test_matches_rlds(results, name):
             np.testing.assert_allclose(a, e, rtol=_RTOL[name], err_msg=f"{name}/{key}")
         else:
             np.testing.assert_array_equal(a, e, err_msg=f"{name}/{key}")
+
+
+def test_rlds_submodules_and_eager_python_values():
+    import rlds_tf
+    from rlds_tf.metadata import metadata_types
+    assert metadata_types.EPISODE_ID == rlds_tf.metadata.EPISODE_ID == "episode_id"
+    # Eagerly, sar_fields_mask gives Python bools (rlds' `not is_last`); traced, tensors.
+    mask = T.sar_fields_mask({"observation": 1.0, "action": 2.0, "reward": 3.0, "is_last": tf.constant(True)})[1]
+    assert mask == {"observation": True, "action": False, "reward": False}
+    assert all(type(v) is bool for v in mask.values())
+    traced = tf.function(lambda step: T.sar_fields_mask(step)[1]["action"])({"observation": 1.0, "action": 2.0,
+                                                                             "reward": 3.0, "is_last": False})
+    assert traced.dtype == tf.bool and bool(traced)
+    # batched_map: overlapping batches, map, unbatch (rlds' helper).
+    steps = tf.data.Dataset.range(4).map(lambda i: {"x": i})
+    out = T.batched_helpers.batched_map(steps, lambda b: {"x": b["x"] * 10}, size=2, shift=1)
+    assert [int(s["x"]) for s in out] == [0, 10, 10, 20, 20, 30, 30]
+
+
+def test_shift_keys_takes_one_key_as_a_string_and_refuses_unknown_keys():
+    steps = tf.data.Dataset.from_tensor_slices({"o": [0, 1, 2], "a": [10, 11, 12]})
+    assert [(int(s["o"]), int(s["a"])) for s in T.shift_keys(steps, "a", 1)] == [(0, 11), (1, 12)]
+    with pytest.raises(KeyError, match=r"keys \['nope'\] are not step fields"):
+        T.shift_keys(steps, ["nope"], 1)
 
 
 def test_episode_length_with_nested_fields():

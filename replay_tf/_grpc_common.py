@@ -66,8 +66,9 @@ def translate_error(error: grpc.RpcError, what: str) -> Exception:
     message = f"{what}: {details}" if details else what
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return errors.DeadlineExceededError(details or message)
-    if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
-                grpc.StatusCode.FAILED_PRECONDITION):
+    if code == grpc.StatusCode.NOT_FOUND:
+        return errors.TableNotFoundError(message)
+    if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION):
         return ValueError(message)
     if code == grpc.StatusCode.CANCELLED:
         return errors.CancelledError(message)

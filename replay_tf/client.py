@@ -246,6 +246,10 @@ class Client:
         Yields lists of per-timestep `ReplaySample`s when `emit_timesteps`, else one `ReplaySample` whose
         data is flat, or shaped like the table signature when `unpack_as_table_signature`.
         """
+        if num_samples < 1:  # (-1 takes none, as in Reverb)
+            if num_samples == -1:
+                return
+            raise ValueError(f"max_samples ({num_samples}) must be -1 or >= 1")
         from replay_tf.trajectory_dataset import ReplaySample, SampleInfo  # noqa: PLC0415  (imports TF)
 
         signature = self._get_signature_for_table(table) if unpack_as_table_signature else None
@@ -271,7 +275,8 @@ class Client:
     def mutate_priorities(self, table: str, updates: Optional[Dict[int, float]] = None,
                           deletes: Optional[List[int]] = None) -> None:
         """Deletes `deletes` keys, then updates priorities (unknown keys are ignored)."""
-        self._transport.mutate_priorities(table, list((updates or {}).items()), list(deletes or ()))
+        self._transport.mutate_priorities(table, list((updates or {}).items()),
+                                          [] if deletes is None else [int(k) for k in deletes])
 
     def reset(self, table: str) -> None:
         """Deletes every item of `table` and resets its rate limiter."""

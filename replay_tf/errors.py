@@ -12,6 +12,11 @@ class DeadlineExceededError(ReverbError):
     """A call to the server timed out (for example waiting on a rate limiter)."""
 
 
+class TableNotFoundError(ValueError, RuntimeError):
+    """A call named a table the server does not have. dm-reverb's client raises `RuntimeError` there (its
+    status message is the same) and this package raised `ValueError`: both `except` clauses catch it."""
+
+
 class CancelledError(ReverbError):
     """A call was cancelled because its table (or server) was closed while it waited."""
 

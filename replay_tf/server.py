@@ -22,6 +22,7 @@ import weakref
 from typing import Optional, Sequence
 
 from replay_tf import _addresses
+from replay_tf import errors
 from replay_tf.core.chunk_store import ChunkStore
 from replay_tf.core.table import Table
 
@@ -76,7 +77,7 @@ class Server:
     >>> server.stop()
     """
 
-    def __init__(self, tables: Sequence[Table], port: Optional[int] = None, checkpointer=None, *,
+    def __init__(self, tables: Optional[Sequence[Table]] = None, port: Optional[int] = None, checkpointer=None, *,
                  host: str = "localhost", max_message_bytes: Optional[int] = None, server_credentials=None,
                  auth_token: Optional[str] = None):
         tables = list(tables or ())
@@ -151,10 +152,10 @@ class Server:
         return self._stopped.is_set()
 
     def table(self, name: str) -> Table:
-        """The table called `name`; ValueError listing the tables otherwise."""
+        """The table called `name`; `TableNotFoundError` (a ValueError) listing the tables otherwise."""
         table = self._tables.get(name)
         if table is None:
-            raise ValueError(f"Priority table {name} was not found. The server has tables: {sorted(self._tables)}")
+            raise errors.TableNotFoundError(f"Priority table {name} was not found. The server has tables: {sorted(self._tables)}")
         return table
 
     def checkpoint(self) -> str:

@@ -41,7 +41,7 @@ import threading
 import zlib
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-from replay_tf._writer_context import FlushAndCloseOnExit
+from replay_tf._writer_context import FlushOnExitCloseOnDelete
 from replay_tf.client import Client
 
 Route = Callable[[int, int], int]
@@ -133,7 +133,7 @@ def _sharded_client(server_addresses: Sequence[str], route: Union[str, Route]) -
     return ShardedClient(server_addresses, route=route)
 
 
-class ShardedWriter(FlushAndCloseOnExit):
+class ShardedWriter(FlushOnExitCloseOnDelete):
     """A writer (trajectory or structured) routing whole episodes to one of several servers.
 
     Create it with `ShardedClient.trajectory_writer` or `ShardedClient.structured_writer`.

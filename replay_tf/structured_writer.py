@@ -28,7 +28,7 @@ from typing import Any, Dict, Optional, Sequence
 import tree
 
 from replay_tf import errors
-from replay_tf._writer_context import FlushAndCloseOnExit
+from replay_tf._writer_context import FlushOnExitCloseOnDelete
 from replay_tf.core.chunk_store import Item
 from replay_tf._column_chunker import _ColumnChunker, _new_key, to_array
 from replay_tf.trajectory_writer import _path_str
@@ -60,7 +60,7 @@ __all__ = [
 ]
 
 
-class StructuredWriter(FlushAndCloseOnExit):
+class StructuredWriter(FlushOnExitCloseOnDelete):
     """Applies pattern `configs` to every appended step and inserts the items they produce.
 
     Create it with `Client.structured_writer(configs)`. Only the columns some config reads are stored, and
@@ -90,6 +90,8 @@ class StructuredWriter(FlushAndCloseOnExit):
 
     def append(self, data: Any, *, partial_step: bool = False) -> None:
         """Appends a step (or part of one: unset fields are None) and inserts the items it completes."""
+        if self._closed:
+            self._raise_closed()
         with_path = tree.flatten_with_path(data)
         if self._paths is None:
             self._paths = [_path_str(path) for path, _ in with_path]
@@ -149,12 +151,16 @@ class StructuredWriter(FlushAndCloseOnExit):
     def flush(self, block_until_num_items: int = 0, timeout_ms: Optional[int] = None) -> None:
         """Blocks until at most `block_until_num_items` items are unconfirmed; `DeadlineExceededError` on
         timeout."""
+        if self._closed:
+            self._raise_closed()
         if block_until_num_items < 0:
             raise ValueError(f"block_until_num_items must be >= 0, got {block_until_num_items}")
         self._stream.flush(block_until_num_items, timeout_ms)
 
     def end_episode(self, clear_buffers: bool = True, timeout_ms: Optional[int] = None) -> None:
         """Applies the end-of-episode configs, flushes, and starts a new episode."""
+        if self._closed:
+            self._raise_closed()
         for item in self._evaluator.end_episode(clear_buffers=clear_buffers):
             self._insert(item)
         if self._step_open:
@@ -175,5 +181,7 @@ class StructuredWriter(FlushAndCloseOnExit):
                 f"{datetime.timedelta(milliseconds=timeout_ms)}") from None
 
     def close(self) -> None:
-        """Releases the writer's stream (flush first to wait for the items)."""
-        self._stream.close()
+        """Releases the writer's stream (flush first to wait for the items); later calls raise RuntimeError."""
+        if not self._closed:
+            self._closed = True
+            self._stream.close()

@@ -29,7 +29,7 @@ import queue
 import sys
 import threading
 import time
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple, Optional, Union
 
 import numpy as np
 import tensorflow as tf
@@ -129,10 +129,12 @@ class TrajectoryDataset(tf.data.Dataset):
         addresses); True asks any server, False none. Needs fully defined shapes.
     """
 
-    def __init__(self, server_address: str, table: str, dtypes: Any, shapes: Any,
-                 max_in_flight_samples_per_worker: int, num_workers_per_iterator: int = -1,
+    def __init__(self, server_address: Union[str, tf.Tensor], table: Union[str, tf.Tensor], dtypes: Any,
+                 shapes: Any, max_in_flight_samples_per_worker: int, num_workers_per_iterator: int = -1,
                  max_samples_per_stream: int = -1, rate_limiter_timeout_ms: int = -1, max_samples: int = -1,
                  *, stacked_samples: Optional[bool] = None):
+        server_address = _string_argument("server_address", server_address)
+        table = _string_argument("table", table)
         if max_in_flight_samples_per_worker < 1:
             raise ValueError(f"max_in_flight_samples_per_worker ({max_in_flight_samples_per_worker}) must be a "
                              f"positive integer")
@@ -578,6 +580,18 @@ def _ending_at_exit(generator):
 
 
 _END = object()
+
+
+def _string_argument(name: str, value: Any) -> str:
+    """`value` as a str: a str, or a string tensor with a value known now (Reverb's signature takes
+    `Union[str, tf.Tensor]`); TypeError otherwise."""
+    if isinstance(value, str):
+        return value
+    static = tf.get_static_value(value) if tf.is_tensor(value) else None
+    if isinstance(static, bytes):
+        return static.decode()
+    raise TypeError(f"{name} must be a str or a scalar string tensor whose value is known when the dataset is "
+                    f"built, got {value!r}")
 
 
 def _runs(samples: list) -> list:

@@ -42,7 +42,7 @@ import numpy as np
 import tree
 
 from replay_tf import errors
-from replay_tf._writer_context import FlushAndCloseOnExit
+from replay_tf._writer_context import FlushOnExitCloseOnDelete
 from replay_tf._column_chunker import _CellRef, _ColumnChunker, _new_key, to_array
 from replay_tf.core.chunk_store import Chunk, Item
 from replay_tf.core.table import _shape_compatible, _signature_entries
@@ -230,7 +230,7 @@ def _path_str(path: tuple) -> str:
     return "".join(f"[{p!r}]" for p in path) if path else "<root>"
 
 
-class TrajectoryWriter(FlushAndCloseOnExit):
+class TrajectoryWriter(FlushOnExitCloseOnDelete):
     """Reverb's `TrajectoryWriter` (create with `Client.trajectory_writer`).
 
     Args:
@@ -285,6 +285,8 @@ class TrajectoryWriter(FlushAndCloseOnExit):
     def configure(self, path: Tuple[Union[int, str], ...], *, num_keep_alive_refs: int,
                   max_chunk_length: Optional[int]) -> None:
         """Overrides `num_keep_alive_refs` and the chunk length of the column at `path`."""
+        if self._closed:
+            self._raise_closed()
         if num_keep_alive_refs < 1:
             raise ValueError(f"num_keep_alive_refs ({num_keep_alive_refs}) must be a positive integer")
         if max_chunk_length is not None and (max_chunk_length < 1 or max_chunk_length > num_keep_alive_refs):
@@ -324,6 +326,8 @@ class TrajectoryWriter(FlushAndCloseOnExit):
 
     def append(self, data: Any, *, partial_step: bool = False) -> None:
         """Appends a step (or, with `partial_step=True`, part of one) column by column."""
+        if self._closed:
+            self._raise_closed()
         if self._structure is None:
             self._update_structure(tree.map_structure(lambda _: None, data))
         keys = _flat_dict_keys(data)
@@ -398,6 +402,8 @@ class TrajectoryWriter(FlushAndCloseOnExit):
 
     def create_item(self, table: str, priority: float, trajectory: Any) -> None:
         """Queues an item of `table` made of the `TrajectoryColumn`s in `trajectory` (does not block)."""
+        if self._closed:
+            self._raise_closed()
         flat = None
         if type(trajectory) is dict:
             flat = [trajectory[k] for k in sorted(trajectory)]  # tree.flatten's order for a flat dict
@@ -513,6 +519,8 @@ class TrajectoryWriter(FlushAndCloseOnExit):
           ValueError: If `block_until_num_items < 0`.
           DeadlineExceededError: If `timeout_ms` ran out (the items are still inserted later).
         """
+        if self._closed:
+            self._raise_closed()
         if block_until_num_items < 0:
             raise ValueError(f"block_until_num_items must be >= 0, got {block_until_num_items}")
         if self._unsent:
@@ -526,6 +534,8 @@ class TrajectoryWriter(FlushAndCloseOnExit):
         Raises:
           DeadlineExceededError: If `timeout_ms` ran out; the episode then goes on (call again to end it).
         """
+        if self._closed:
+            self._raise_closed()
         for chunker in self._chunkers:
             if chunker is not None:
                 chunker.finalize()
@@ -547,7 +557,8 @@ class TrajectoryWriter(FlushAndCloseOnExit):
                 column.reset()
 
     def close(self) -> None:
-        """Releases the writer's stream; items not yet confirmed may be dropped (flush first)."""
+        """Releases the writer's stream; items not yet confirmed may be dropped (flush first). Later calls
+        raise RuntimeError, as Reverb's."""
         if not self._closed:
             self._closed = True
             self._stream.close()

@@ -69,6 +69,70 @@ def test_mutate_reset_and_unknown_tables(server):
     assert info.current_size == 0 and info.rate_limiter_info.insert_stats.completed == 0
 
 
+@pytest.fixture(params=["in-process", "remote"])
+def any_client(request, server, monkeypatch):
+    """A client of `server`, reaching it in-process or over gRPC."""
+    if request.param == "remote":
+        from replay_tf import _grpc_transport
+        from replay_tf import client as client_lib
+        monkeypatch.setattr(client_lib, "make_transport", _grpc_transport.Transport)
+    return reverb.Client(f"localhost:{server.port}")
+
+
+def test_unknown_tables_raise_what_reverb_and_we_raised(any_client):
+    # dm-reverb's client raises RuntimeError, ours raised ValueError: TableNotFoundError is both.
+    for call in (lambda: any_client.reset("nope"), lambda: next(any_client.sample("nope")),
+                 lambda: any_client.mutate_priorities("nope", updates={1: 1.0})):
+        with pytest.raises(RuntimeError, match="Priority table nope was not found") as info:
+            call()
+        assert isinstance(info.value, ValueError) and isinstance(info.value, reverb.errors.TableNotFoundError)
+
+
+def test_deletes_may_be_a_numpy_array_and_sample_counts_are_checked(any_client):
+    for i in range(3):
+        any_client.insert(np.int32(i), priorities={"plain": 1.0})
+    oldest = next(any_client.sample("plain"))[0].info.key  # (the table is a FIFO)
+    any_client.mutate_priorities("plain", deletes=np.array([oldest, oldest], np.uint64))  # (2 elements: no bool)
+    assert any_client.server_info()["plain"].current_size == 2
+    assert next(any_client.sample("plain"))[0].info.key != oldest
+    with pytest.raises(ValueError, match=r"max_samples \(0\) must be -1 or >= 1"):
+        list(any_client.sample("plain", 0))
+    assert list(any_client.sample("plain", -1)) == []  # (as Reverb: none)
+
+
+def test_a_closed_writer_refuses_calls_and_one_left_by_with_stays_usable(any_client):
+    with any_client.trajectory_writer(num_keep_alive_refs=1) as writer:
+        writer.append({"x": np.float32(1)})
+        writer.create_item("plain", 1.0, {"x": writer.history["x"][-1]})
+    # As Reverb's: leaving the block flushes, and the writer is closed only by close() or when collected.
+    writer.append({"x": np.float32(2)})
+    writer.create_item("plain", 1.0, {"x": writer.history["x"][-1]})
+    writer.flush()
+    assert any_client.server_info()["plain"].current_size == 2
+    writer.close()
+    for call in (lambda: writer.append({"x": np.float32(3)}), lambda: writer.flush(), lambda: writer.end_episode(),
+                 lambda: writer.create_item("plain", 1.0, {"x": writer.history["x"][-1]}),
+                 lambda: writer.configure(("x",), num_keep_alive_refs=1, max_chunk_length=1)):
+        with pytest.raises(RuntimeError, match=r"TrajectoryWriter::Close has been called\."):
+            call()
+    writer.close()  # again: nothing
+    assert any_client.server_info()["plain"].current_size == 2
+
+
+def test_trajectory_dataset_takes_string_tensors_for_address_and_table(any_client, server):
+    any_client.insert(np.float32(7), priorities={"plain": 1.0})
+    dataset = reverb.TrajectoryDataset(tf.constant(f"localhost:{server.port}"), tf.constant("plain"), tf.float32,
+                                       tf.TensorShape([1]), max_in_flight_samples_per_worker=1)
+    assert next(iter(dataset)).data.numpy().tolist() == [7.0]
+    with pytest.raises(TypeError, match="table must be a str or a scalar string tensor"):
+        reverb.TrajectoryDataset(f"localhost:{server.port}", 5, tf.float32, tf.TensorShape([1]), 1)
+
+
+def test_a_server_needs_a_table():
+    with pytest.raises(ValueError, match="At least one table must be provided"):
+        reverb.Server()
+
+
 def test_checkpoint_needs_a_checkpointer(server):
     with pytest.raises(ValueError, match="no checkpointer"):
         server.localhost_client().checkpoint()

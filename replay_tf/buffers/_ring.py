@@ -12,12 +12,15 @@ so an `add_batch` writes `batch_size` consecutive rows (one scatter of a contigu
 any set of sampled windows is one gather per leaf. (TF-Agents uses `segment * max_length + slot`,
 which makes each add a strided scatter; logical ids and windows are the same in both layouts.)
 
-Concurrency. One writer at a time (like any ring buffer with a single head); any number of readers.
-The writer bumps `write_started` BEFORE it overwrites a slot and `last_id` AFTER it has written it.
+Concurrency. Any number of writers and readers. A writer claims its step id with an atomic
+fetch-and-add on `write_started` (`claim`) BEFORE it overwrites a slot, so concurrent writers always get
+distinct ids (and slots), and advances `last_id` with an atomic max AFTER it has written the slot.
 A reader samples from the windows valid for the `last_id` it read, gathers, then re-reads
 `write_started`: a window whose oldest step is `<= write_started - max_length` may have been
 overwritten during the gather, and is drawn again (see `stale_mask`). Each gather/scatter on a
-variable holds the variable's lock, so a row is never half written.
+variable holds the variable's lock, so a row is never half written. With several concurrent writers a
+newer step can be published while an older one is still being written (as in TF-Agents, which
+publishes the id before the data); with one writer at a time every published step is complete.
 """
 from __future__ import annotations
 
@@ -56,6 +59,43 @@ def make_state(data_spec, batch_size: int, max_length: int, *, episode_aware: bo
         episode_index = tf.Variable(tf.zeros([rows], tf.int32), trainable=False, name="episode_index")
         episode_count = tf.Variable(tf.zeros([batch_size], tf.int32), trainable=False, name="episode_count")
     return RingState(storage, last_id, write_started, episode_index, episode_count)
+
+
+def xla_compatible(data_spec) -> bool:
+    """Whether XLA can compile programs over storage of `data_spec` (numbers and bools; not strings,
+    variants, resources or quantized types)."""
+    return all(leaf.dtype.is_bool or ((leaf.dtype.is_floating or leaf.dtype.is_integer or leaf.dtype.is_complex)
+                                      and not leaf.dtype.is_quantized)
+               for leaf in tf.nest.flatten(data_spec))
+
+
+def variables(state: RingState) -> list[tf.Variable]:
+    """Every variable of `state` (storage first, in data spec flatten order): what a checkpoint holds."""
+    extra = [state.episode_index, state.episode_count]
+    return list(state.storage) + [state.last_id, state.write_started] + [v for v in extra if v is not None]
+
+
+@tf.function(jit_compile=True, autograph=False)
+def _fetch_add(var, delta):
+    """`var += delta`, returning the new value, as ONE atomic step.
+
+    An XLA kernel holds the lock of every resource variable it updates for the whole computation, so the
+    read of the new value cannot interleave with another writer's add (`var.assign_add(delta)` returns a
+    separate, later read, which can). Inside an outer `jit_compile=True` function this is inlined, and
+    the outer computation holds the lock instead. Unlike `tf.CriticalSection`, it compiles under XLA.
+    """
+    return var.assign_add(delta).read_value()
+
+
+@tf.function(jit_compile=True, autograph=False)
+def fetch_max(var, value):
+    """`var = max(var, value)`, returning the new value, as one atomic step (see `_fetch_add`)."""
+    return var.assign(tf.maximum(var.read_value(), value)).read_value()
+
+
+def claim(state: RingState, deps=()) -> tf.Tensor:
+    """Claims the next logical step id after `deps`: distinct for every caller, even concurrent ones."""
+    return _fetch_add(state.write_started, after(deps, tf.constant(1, tf.int64)))
 
 
 def after(deps, *tensors):
@@ -101,12 +141,18 @@ def gather(state: RingState, rows) -> list[tf.Tensor]:
 
 
 def write(state: RingState, flat_items: Sequence[tf.Tensor], batch_size: int, max_length: int,
-          episode_ends=None, deps=()):
-    """Appends one step to every segment after `deps`: returns (op, new_id). Leaves are [batch_size, ...]."""
-    new_id = state.write_started.assign_add(after(deps, tf.constant(1, tf.int64)))
+          episode_ends=None, deps=(), before_data=None):
+    """Appends one step to every segment after `deps`: returns (op, new_id). Leaves are [batch_size, ...].
+
+    `before_data(new_id, rows)`: an optional op-returning function run after the step id is claimed and
+    before any data is written (the prioritized buffer sets the new rows' priorities there).
+    """
+    new_id = claim(state, deps)
     slot = tf.math.floormod(new_id, max_length)
     # Rows [slot * batch_size, (slot + 1) * batch_size): one contiguous block per leaf.
     rows = slot * batch_size + tf.range(batch_size, dtype=tf.int64)
+    if before_data is not None:
+        rows = after([before_data(new_id, rows)], rows)
     writes = [var.scatter_update(tf.IndexedSlices(value, rows)) for var, value in
               zip(state.storage, flat_items)]
     if state.episode_index is not None:
@@ -117,8 +163,9 @@ def write(state: RingState, flat_items: Sequence[tf.Tensor], batch_size: int, ma
             # to the episode, the next step written in this segment starts a new one.
             ends = tf.cast(episode_ends, tf.int32)
             writes.append(state.episode_count.assign(tf.math.floormod(counts + ends, 2 ** 30)))
-    # Publish the step only after all its data is in place.
-    published = state.last_id.assign(after(writes, new_id))
+    # Publish the step only after all its data is in place; a max, so that a concurrent writer of an
+    # older step finishing later never moves `last_id` back.
+    published = fetch_max(state.last_id, after(writes, new_id))
     return published, new_id
 
 

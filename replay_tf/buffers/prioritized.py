@@ -107,6 +107,10 @@ class PrioritizedReplayBuffer(tf.Module):
     def gather_all(self):
         return self._buffer.gather_all()
 
+    def variables(self) -> list[tf.Variable]:
+        """As `UniformReplayBuffer.variables()`, then the sum tree's levels, max priority and beta."""
+        return self._buffer.variables() + list(self._sums) + [self._max_priority, self._beta]
+
     @property
     def alpha(self) -> float:
         return self._alpha
@@ -134,14 +138,13 @@ class PrioritizedReplayBuffer(tf.Module):
         return self._run("add", self._add_impl, tensors=tensors)
 
     def _add_impl(self, *tensors):
-        state, batch_size = self._buffer.state, self._buffer.batch_size
-        # The slot the ring is about to overwrite (single writer: write_started + 1 is the next id).
-        slot = tf.math.floormod(state.write_started.read_value() + 1, self._buffer.max_length)
-        rows = slot * batch_size + tf.range(batch_size, dtype=tf.int64)
+        batch_size = self._buffer.batch_size
         value = tf.fill([batch_size], tf.pow(self._max_priority.read_value(), self._alpha))
-        # Priorities first, then the data: a reader never sees a new item with its predecessor's priority.
-        tree = sum_tree.update(self._sums, rows, value, "sum")
-        return self._buffer._add_impl(*tensors, deps=[tree])
+        # The new rows' priorities are set once the step is claimed and before its data is written: a
+        # reader never sees a new item with its predecessor's priority (one that drew the row in between
+        # re-reads `write_started` after its gather and redraws it).
+        return self._buffer._add_impl(
+            *tensors, before_data=lambda new_id, rows: sum_tree.update(self._sums, rows, value, "sum"))
 
     def clear(self):
         """Forgets all items and priorities (max priority back to 1.0)."""
@@ -225,8 +228,9 @@ class PrioritizedReplayBuffer(tf.Module):
         values = tf.where(redirect, tf.gather(_padded(live_values), first_live),
                           tf.where(keep, sum_tree.read_leaves(self._sums, rows), live_values))
         rows = tf.where(redirect, tf.gather(_padded(rows), first_live), rows)
-        new_max = tf.maximum(self._max_priority.read_value(), tf.reduce_max(tf.where(keep, 0.0, priorities)))
-        update = tf.group(sum_tree.update(self._sums, rows, values, "sum"), self._max_priority.assign(new_max))
+        # An atomic max: a concurrent update never lowers the max priority another one has just raised.
+        new_max = _ring.fetch_max(self._max_priority, tf.reduce_max(tf.where(keep, 0.0, priorities)))
+        update = tf.group(sum_tree.update(self._sums, rows, values, "sum"), new_max)
         if xla:
             return _ring.after([update], ok)
         return update

@@ -56,11 +56,19 @@ def reset(levels, reduce: str):
 def update(levels, leaf_ids, values, reduce: str):
     """Sets leaves `leaf_ids` (int, [n]) to `values` ([n]) and recomputes their ancestors.
 
-    With duplicate ids one of the values is kept. Returns the op of the last level's write.
+    With duplicate ids one of the values is kept. Atomic: the update runs as one XLA computation
+    (inlined into an enclosing one), which holds the locks of the levels throughout, so concurrent
+    updates never leave a parent computed from children another update has since changed. Returns a
+    tensor available once every level is written (a dependency for what must follow the update).
     """
-    fanout = fanout_of(levels)
     ids = tf.cast(tf.reshape(leaf_ids, [-1]), tf.int64)
-    op = levels[0].scatter_update(tf.IndexedSlices(tf.reshape(tf.cast(values, tf.float32), [-1]), ids))
+    values = tf.reshape(tf.cast(values, tf.float32), [-1])
+    return _atomic_update(list(levels), ids, values, reduce)
+
+
+def _update(levels, ids, values, reduce: str):
+    fanout = fanout_of(levels)
+    op = levels[0].scatter_update(tf.IndexedSlices(values, ids))
     offsets = tf.range(fanout, dtype=tf.int64)
     for i in range(1, len(levels)):
         ids = ids // fanout
@@ -68,7 +76,11 @@ def update(levels, leaf_ids, values, reduce: str):
             # Parent j of level i reduces children j*fanout .. j*fanout+fanout-1 of level i-1.
             children = levels[i - 1].sparse_read(ids[:, None] * fanout + offsets)
         op = levels[i].scatter_update(tf.IndexedSlices(_reduce(children, reduce), ids))
-    return op
+    with tf.control_dependencies([op]):
+        return tf.size(ids)  # the function's outputs wait for all its writes
+
+
+_atomic_update = tf.function(_update, jit_compile=True, autograph=False)
 
 
 def root(levels, reduce: str = "sum"):

@@ -8,6 +8,7 @@ reader/writer protocol are described in `_ring.py`.
 XLA notes: `gather_all` and the deterministic `as_dataset` have data-dependent shapes and are not XLA
 programs. XLA compiles `tf.debugging` asserts out, so under `jit_compile=True` sampling a buffer with no
 valid window cannot raise; it returns ids -1 and probability 0 instead (check `probabilities > 0`).
+Eager calls run as XLA programs unless the spec has dtypes XLA lacks (strings): then as graph functions.
 Memory: storage is exactly `capacity * bytes per item` plus three scalars (episode-aware: + 4 bytes per
 step); there is no id table, since ids are computed from the ring position.
 
@@ -153,6 +154,16 @@ class UniformReplayBuffer(tf.Module):
         """The variables (for wrappers such as `PrioritizedReplayBuffer`)."""
         return self._state
 
+    def variables(self) -> list[tf.Variable]:
+        """The buffer's variables, as TF-Agents' `variables()` method: the storage of every data spec leaf
+        (flatten order), then the step counters (and episode indices when episode-aware).
+
+        >>> rb = UniformReplayBuffer({"a": tf.TensorSpec([2], tf.float32)}, batch_size=2, max_length=3)
+        >>> [v.shape.as_list() for v in rb.variables()]
+        [[6, 2], [], []]
+        """
+        return _ring.variables(self._state)
+
     # ----- execution helper -----
     def _run(self, name: str, fn: Callable, *args, tensors=(), jit_compile: bool = False):
         return run_in_graph(self, name, fn, *args, tensors=tensors, jit_compile=jit_compile)
@@ -162,7 +173,9 @@ class UniformReplayBuffer(tf.Module):
         """Adds one step to each of the `batch_size` segments.
 
         Args:
-          items: nest matching `data_spec`, every leaf `[batch_size, *spec.shape]` with the spec's dtype.
+          items: nest matching `data_spec`, every leaf `[batch_size, *spec.shape]`. Tensors must have the
+            spec's dtype; numpy arrays and Python values are converted to it (numpy's `astype`, as
+            TF-Agents: 1.7 -> 1 for an int spec).
 
         Returns:
           None when executing eagerly; in graph mode an op (as TF-Agents) that runs the add.
@@ -184,7 +197,8 @@ class UniformReplayBuffer(tf.Module):
         """Validated flat leaves of `items` (+ the episode-end flags when episode-aware)."""
         flat = self._validated_fast(items)
         if flat is None:
-            flat = specs.validate(items, self._data_spec, outer_dims=[self._batch_size], root="items")
+            flat = specs.validate(_with_spec_dtypes(items, self._data_spec), self._data_spec,
+                                  outer_dims=[self._batch_size], root="items")
         extra = ()
         if self._episode_end_fn is not None:
             ends = tf.convert_to_tensor(self._episode_end_fn(items))
@@ -217,7 +231,8 @@ class UniformReplayBuffer(tf.Module):
                 return None
         return flat
 
-    def _add_impl(self, *tensors, deps=()):
+    def _add_impl(self, *tensors, before_data=None):
+        """The add; `before_data`: as `_ring.write` (runs once the step id is claimed)."""
         flat = list(tensors[:len(self._state.storage)])
         ends = tensors[-1] if self._episode_end_fn is not None else None
         # Dimensions unknown while tracing are checked when the graph runs (EnsureShape feeds the write,
@@ -231,8 +246,8 @@ class UniformReplayBuffer(tf.Module):
                 with tf.control_dependencies(checks[-1:]):
                     flat[i] = tf.ensure_shape(value, expected)
                 checks.append(flat[i])  # the step id is claimed only after the shape check passed
-        published, _ = _ring.write(self._state, flat, self._batch_size, self._max_length, ends,
-                                   deps=list(deps) + checks)
+        published, _ = _ring.write(self._state, flat, self._batch_size, self._max_length, ends, deps=checks,
+                                   before_data=before_data)
         return tf.group(published)
 
     def clear(self):
@@ -496,9 +511,10 @@ class UniformReplayBuffer(tf.Module):
 
 
 def sample_from_python(owner, fn: Callable, args: tuple, xla_args: tuple):
-    """A buffer's `get_next` called from Python: `fn(*xla_args)` as one XLA program, unless the sample
-    comes back flagged impossible (some probability 0: XLA compiles asserts out); then `fn(*args)` in
-    graph mode, which raises the error."""
+    """A buffer's `get_next` called from Python: `fn(*xla_args)` as one XLA program (a graph function
+    if the spec has dtypes XLA lacks, which raises errors itself), unless the sample comes back flagged
+    impossible (some probability 0: XLA compiles asserts out); then `fn(*args)` in graph mode, which
+    raises the error."""
     out = run_in_graph(owner, "get_next", fn, *xla_args, jit_compile=True)
     if np.min(out[1].probabilities.numpy()) > 0:
         return out
@@ -509,10 +525,10 @@ def run_in_graph(owner, name: str, fn: Callable, *args, tensors=(), jit_compile:
     """Runs `fn(*args, *tensors)` in graph mode under `owner`'s device and name scope.
 
     Inside a trace (a user's tf.function, a tf.data function) `fn` is called directly. Eagerly, it runs
-    as a ConcreteFunction (XLA-compiled if `jit_compile`) cached on `owner._functions` per (name, args,
-    jit_compile, tensor dtypes and shapes). A
-    traced Operation result (an add) is dropped: a tf.function cannot return one, and its side effects
-    run all the same.
+    as a ConcreteFunction (XLA-compiled if `jit_compile` and XLA can handle every dtype of
+    `owner.data_spec`) cached on `owner._functions` per (name, args, jit_compile, tensor dtypes and
+    shapes). A traced Operation result (an add) is dropped: a tf.function cannot return one, and its
+    side effects run all the same.
     """
     if not tf.executing_eagerly():
         with tf.device(owner._device), tf.name_scope(owner._scope):
@@ -526,9 +542,33 @@ def run_in_graph(owner, name: str, fn: Callable, *args, tensors=(), jit_compile:
             with tf.device(owner._device), tf.name_scope(owner._scope):
                 out = fn(*args, *ts)
             return None if isinstance(out, tf.Operation) else out
+        # XLA has no strings (nor variants, resources): such specs run as plain graph functions.
+        jit_compile = jit_compile and _ring.xla_compatible(owner.data_spec)
         concrete = owner._functions[key] = tf.function(run, autograph=False, jit_compile=jit_compile
                                                        ).get_concrete_function(*tensors)
     return concrete(*tensors)
+
+
+def _with_spec_dtypes(items, data_spec):
+    """`items` with numpy arrays and Python values converted to their spec's dtype, as TF-Agents stores
+    them (`np.asarray(value).astype(dtype)`); tensors are left alone, so one of another dtype is still
+    rejected by `specs.validate`, which also reports a structure mismatch (`items` is returned as is)."""
+    try:
+        specs.assert_same_structure(items, data_spec, root="items")
+    except TypeError:
+        return items
+    flat = []
+    for (where, leaf), value in zip(specs.flatten_with_paths(data_spec, "items"), specs.flatten(items)):
+        if (isinstance(leaf, tf.TensorSpec) and leaf.dtype.is_numpy_compatible
+                and not (tf.is_tensor(value) or isinstance(value, tf.Variable))):
+            array = np.asarray(value)
+            try:
+                value = tf.convert_to_tensor(array.astype(leaf.dtype.as_numpy_dtype, copy=False), leaf.dtype)
+            except (TypeError, ValueError, OverflowError) as e:
+                raise TypeError(f"{where}: cannot convert {type(value).__name__} of numpy dtype {array.dtype} "
+                                f"to the spec's dtype {leaf.dtype.name}: {e}") from e
+        flat.append(value)
+    return specs.pack_sequence_as(data_spec, flat)
 
 
 def _all_nodes(nest):

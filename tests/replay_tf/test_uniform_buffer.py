@@ -363,8 +363,11 @@ def _good(batch_size=2):
                            r"expected 2\)"),
     ({"step": np.zeros([2], np.int64), "obs": np.zeros([2, 3], np.float32)}, ValueError,
      r"items\['obs'\]: expected shape \[2, 2\] \(outer dims \[2\] \+ spec shape \[2\]\), got \[2, 3\]"),
-    ({"step": np.zeros([2], np.int32), "obs": np.zeros([2, 2], np.float32)}, TypeError,
+    # Tensors of another dtype are rejected, as TF-Agents (numpy inputs are converted: test_buffer_compat.py).
+    ({"step": tf.zeros([2], tf.int32), "obs": tf.zeros([2, 2], tf.float32)}, TypeError,
      r"items\['step'\]: expected dtype int64, got int32"),
+    ({"step": tf.zeros([2], tf.int64), "obs": tf.zeros([2, 2], tf.float64)}, TypeError,
+     r"items\['obs'\]: expected dtype float32, got float64"),
     ({"step": np.zeros([2], np.int64)}, TypeError, r"items: expected keys \['obs', 'step'\].*missing \['obs'\]"),
     ((np.zeros([2], np.int64), np.zeros([2, 2], np.float32)), TypeError,
      r"structure mismatch at items: expected a mapping"),

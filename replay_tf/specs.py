@@ -169,12 +169,13 @@ def _dims(shape: tf.TensorShape) -> list | None:
 
 
 def validate(values: Any, spec: Any, *, outer_dims: Sequence[int | None] = (), root: str = "items",
-             convert: bool = True) -> list[tf.Tensor]:
+             convert: bool = True, cast: bool = False) -> list[tf.Tensor]:
     """Checks `values` against `spec` and returns the flat list of tensors, in `flatten(spec)` order.
 
     Every leaf must have dtype `spec.dtype` (no silent casts: numpy/Python leaves are converted with the
-    spec's dtype as a hint, then checked) and shape `outer_dims + spec.shape`. An `outer_dims` entry of
-    None accepts any size, but every leaf must then agree on it. Checks use static shapes, so they run at
+    spec's dtype as a hint, then checked; with `cast`, they are cast to it instead) and shape
+    `outer_dims + spec.shape`. An `outer_dims` entry of None accepts any size, but every leaf must then
+    agree on it. Checks use static shapes, so they run at
     trace time inside `tf.function`; unknown static dimensions are left for the caller to check at run
     time (see `outer_shape`).
 
@@ -185,6 +186,8 @@ def validate(values: Any, spec: Any, *, outer_dims: Sequence[int | None] = (), r
       root: the name of `values` used in error messages.
       convert: convert leaves to tensors (True) or keep them as given (False; they must have `.dtype`
         and `.shape`).
+      cast: cast numpy arrays and Python values to the spec's dtype as numpy casts (`astype`: 1.7 -> 1 for
+        an int spec), as TF-Agents' buffers store them; tensors of another dtype are still an error.
 
     Raises:
       TypeError: wrong structure or dtype (the message names the nested path, expected and got).
@@ -200,15 +203,14 @@ def validate(values: Any, spec: Any, *, outer_dims: Sequence[int | None] = (), r
         if not isinstance(leaf_spec, tf.TensorSpec):
             raise TypeError(f"spec at {where} must be a tf.TensorSpec, got {type(leaf_spec).__name__}")
         if convert and not isinstance(value, (tf.Tensor, tf.Variable)):
-            if hasattr(value, "dtype") and tf.as_dtype(value.dtype) != leaf_spec.dtype:
+            if cast:
+                value = _cast(value, leaf_spec.dtype, where)
+            elif hasattr(value, "dtype") and tf.as_dtype(value.dtype) != leaf_spec.dtype:
                 # numpy arrays keep their dtype: a float64 array for a float32 spec is an error, not a cast.
                 raise TypeError(f"{where}: expected dtype {leaf_spec.dtype.name}, got "
                                 f"{tf.as_dtype(value.dtype).name} (cast it before adding)")
-            try:
-                value = tf.convert_to_tensor(value, dtype_hint=leaf_spec.dtype)
-            except (TypeError, ValueError) as e:
-                raise TypeError(f"{where}: cannot convert {_short(value)} to a tensor of dtype "
-                                f"{leaf_spec.dtype.name}: {e}") from e
+            else:
+                value = _as_tensor(value, leaf_spec.dtype, where)
         if tf.as_dtype(value.dtype) != leaf_spec.dtype:
             raise TypeError(f"{where}: expected dtype {leaf_spec.dtype.name}, got "
                             f"{tf.as_dtype(value.dtype).name} (cast it before adding)")
@@ -238,6 +240,27 @@ def validate(values: Any, spec: Any, *, outer_dims: Sequence[int | None] = (), r
                 raise ValueError(f"{where}: expected shape {expected_text}, got {got}")
         out.append(value)
     return out
+
+
+def _as_tensor(value: Any, dtype: tf.DType, where: str) -> tf.Tensor:
+    """`value` converted to a tensor with `dtype` as a hint; TypeError naming `where` if it cannot be."""
+    try:
+        return tf.convert_to_tensor(value, dtype_hint=dtype)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"{where}: cannot convert {_short(value)} to a tensor of dtype {dtype.name}: {e}") from e
+
+
+def _cast(value: Any, dtype: tf.DType, where: str) -> tf.Tensor:
+    """A numpy array or Python value as a tensor of `dtype`, cast as numpy casts (`astype`); TypeError
+    naming `where` if it cannot be."""
+    if not dtype.is_numpy_compatible:
+        return _as_tensor(value, dtype, where)
+    array = np.asarray(value)
+    try:
+        return tf.convert_to_tensor(array.astype(dtype.as_numpy_dtype, copy=False), dtype)
+    except (TypeError, ValueError, OverflowError) as e:
+        raise TypeError(f"{where}: cannot convert {type(value).__name__} of numpy dtype {array.dtype} to the "
+                        f"spec's dtype {dtype.name}: {e}") from e
 
 
 def outer_shape(flat_values: Sequence[tf.Tensor], num_outer_dims: int) -> tf.Tensor:

@@ -197,8 +197,8 @@ class UniformReplayBuffer(tf.Module):
         """Validated flat leaves of `items` (+ the episode-end flags when episode-aware)."""
         flat = self._validated_fast(items)
         if flat is None:
-            flat = specs.validate(_with_spec_dtypes(items, self._data_spec), self._data_spec,
-                                  outer_dims=[self._batch_size], root="items")
+            # numpy and Python leaves are cast to the spec's dtypes, as TF-Agents stores them.
+            flat = specs.validate(items, self._data_spec, outer_dims=[self._batch_size], root="items", cast=True)
         extra = ()
         if self._episode_end_fn is not None:
             ends = tf.convert_to_tensor(self._episode_end_fn(items))
@@ -547,28 +547,6 @@ def run_in_graph(owner, name: str, fn: Callable, *args, tensors=(), jit_compile:
         concrete = owner._functions[key] = tf.function(run, autograph=False, jit_compile=jit_compile
                                                        ).get_concrete_function(*tensors)
     return concrete(*tensors)
-
-
-def _with_spec_dtypes(items, data_spec):
-    """`items` with numpy arrays and Python values converted to their spec's dtype, as TF-Agents stores
-    them (`np.asarray(value).astype(dtype)`); tensors are left alone, so one of another dtype is still
-    rejected by `specs.validate`, which also reports a structure mismatch (`items` is returned as is)."""
-    try:
-        specs.assert_same_structure(items, data_spec, root="items")
-    except TypeError:
-        return items
-    flat = []
-    for (where, leaf), value in zip(specs.flatten_with_paths(data_spec, "items"), specs.flatten(items)):
-        if (isinstance(leaf, tf.TensorSpec) and leaf.dtype.is_numpy_compatible
-                and not (tf.is_tensor(value) or isinstance(value, tf.Variable))):
-            array = np.asarray(value)
-            try:
-                value = tf.convert_to_tensor(array.astype(leaf.dtype.as_numpy_dtype, copy=False), leaf.dtype)
-            except (TypeError, ValueError, OverflowError) as e:
-                raise TypeError(f"{where}: cannot convert {type(value).__name__} of numpy dtype {array.dtype} "
-                                f"to the spec's dtype {leaf.dtype.name}: {e}") from e
-        flat.append(value)
-    return specs.pack_sequence_as(data_spec, flat)
 
 
 def _all_nodes(nest):

@@ -21,6 +21,11 @@ class CancelledError(ReverbError):
     """A call was cancelled because its table (or server) was closed while it waited."""
 
 
+def table_not_found(name: str, tables) -> TableNotFoundError:
+    """The error for a call naming table `name` on a server whose tables are `tables` (names)."""
+    return TableNotFoundError(f"Priority table {name} was not found. The server has tables: {sorted(tables)}")
+
+
 def rate_limiter_timeout() -> DeadlineExceededError:
     """The error a rate-limited call raises when its `timeout_ms` runs out."""
     return DeadlineExceededError(RATE_LIMITER_TIMEOUT_MESSAGE)

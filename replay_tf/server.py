@@ -155,7 +155,7 @@ class Server:
         """The table called `name`; `TableNotFoundError` (a ValueError) listing the tables otherwise."""
         table = self._tables.get(name)
         if table is None:
-            raise errors.TableNotFoundError(f"Priority table {name} was not found. The server has tables: {sorted(self._tables)}")
+            raise errors.table_not_found(name, self._tables)
         return table
 
     def checkpoint(self) -> str:

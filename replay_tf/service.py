@@ -276,8 +276,7 @@ class ReverbServicer:
     def _entry(self, name: str) -> _TableEntry:
         entry = self._tables.get(name)
         if entry is None:
-            raise _StatusError(grpc.StatusCode.NOT_FOUND,
-                               f"Priority table {name} was not found. The server has tables: {sorted(self._tables)}")
+            raise _StatusError(grpc.StatusCode.NOT_FOUND, str(errors.table_not_found(name, self._tables)))
         return entry
 
     @staticmethod

@@ -164,7 +164,8 @@ class TrajectoryDataset(tf.data.Dataset):
         self._max_samples_per_stream = None if max_samples_per_stream == -1 else max_samples_per_stream
         self._timeout_ms = None if rate_limiter_timeout_ms == -1 else rate_limiter_timeout_ms
         self._max_samples = None if max_samples == -1 else max_samples
-        self._stacked = _addresses.is_loopback_target(server_address) if stacked_samples is None else bool(stacked_samples)
+        self._stacked = (_addresses.is_loopback_target(server_address) if stacked_samples is None
+                         else bool(stacked_samples))
         self._validate_against_signature()
         self._dataset = self._build()
         super().__init__(self._dataset._variant_tensor)

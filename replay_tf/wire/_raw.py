@@ -135,8 +135,9 @@ _INDEX_FIELDS = [b"\x20" + bytes((i,)) for i in range(128)]   # ChunkSlice.index
 
 
 def _four_varint_fields(first: int, second: int, third: int, fourth: int) -> bytes:
-    """Fields 1-4 of a message made only of varint fields, zeros left out as in proto3: `ChunkSlice`
-    (chunk_key, offset, length, index). Written out rather than looped: it runs for every slice."""
+    """Fields 1-4 of a message made only of varint fields (bools as 0/1), zeros left out as in proto3:
+    `ChunkSlice` (chunk_key, offset, length, index) and `SequenceRange` (episode_id, start, end, sparse).
+    Written out rather than looped: it runs for every slice and chunk a writer sends."""
     out = b"\x08" + varint(first) if first else b""
     if second:
         out += b"\x10" + varint(second)
@@ -275,13 +276,7 @@ def chunk_data_parts(chunk_key_field: bytes, episode_id_field: bytes, start: int
     """A serialized `ChunkData` as a list of bytes-like parts, whose `data.tensors` are `tensors`, each a
     `(tensor_head(...), content)` pair: the contents are listed, not copied (joined once by whoever sends
     the chunk). The chunk key and episode id are given as their `key_field`s."""
-    seq = episode_id_field
-    if start:
-        seq += b"\x10" + varint(start)
-    if end:
-        seq += b"\x18" + varint(end)
-    if sparse:
-        seq += b"\x20\x01"
+    seq = episode_id_field + _four_varint_fields(0, start, end, int(sparse))  # (a 0 first field is left out)
     parts = [chunk_key_field, b"\x12", varint(len(seq)), seq]
     if delta_encoded:
         parts.append(b"\x20\x01")

@@ -156,7 +156,7 @@ def batch(dataset: tf.data.Dataset, size: int = BATCH_AUTO_TUNE, shift: Optional
         windows = _windows_by_blocks(dataset, size, shift, stride, drop_remainder)
     else:
         windows = _windows_by_dataset(dataset, size, shift, stride, drop_remainder)
-    count = num_windows(int(dataset.cardinality()), size, shift, stride, drop_remainder)
+    count = _num_batches(int(dataset.cardinality()), size, shift, stride, drop_remainder)
     return windows if count is None else windows.apply(tf.data.experimental.assert_cardinality(count))
 
 
@@ -173,7 +173,7 @@ def _positive_int(name: str, value: Any, *allowed: int) -> int:
                      f"known when the dataset is built), got {value!r}")
 
 
-def num_windows(num_elements: int, size: int, shift: int, stride: int, drop_remainder: bool) -> Optional[int]:
+def _num_batches(num_elements: int, size: int, shift: int, stride: int, drop_remainder: bool) -> Optional[int]:
     """How many batches `batch` makes of `num_elements` elements: windows start every `shift` elements, and
     all of them count (each keeps what is left) or, with `drop_remainder`, only those that are full; None for
     a cardinality that is not a count (unknown), INFINITE_CARDINALITY for an infinite input."""

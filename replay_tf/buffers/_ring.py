@@ -144,7 +144,7 @@ def write(state: RingState, flat_items: Sequence[tf.Tensor], batch_size: int, ma
           episode_ends=None, deps=(), before_data=None):
     """Appends one step to every segment after `deps`: returns (op, new_id). Leaves are [batch_size, ...].
 
-    `before_data(new_id, rows)`: an optional op-returning function run after the step id is claimed and
+    `before_data(rows)`: an optional op-returning function run after the step id is claimed and
     before any data is written (the prioritized buffer sets the new rows' priorities there).
     """
     new_id = claim(state, deps)
@@ -152,7 +152,7 @@ def write(state: RingState, flat_items: Sequence[tf.Tensor], batch_size: int, ma
     # Rows [slot * batch_size, (slot + 1) * batch_size): one contiguous block per leaf.
     rows = slot * batch_size + tf.range(batch_size, dtype=tf.int64)
     if before_data is not None:
-        rows = after([before_data(new_id, rows)], rows)
+        rows = after([before_data(rows)], rows)
     writes = [var.scatter_update(tf.IndexedSlices(value, rows)) for var, value in
               zip(state.storage, flat_items)]
     if state.episode_index is not None:

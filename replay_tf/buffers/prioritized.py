@@ -144,7 +144,7 @@ class PrioritizedReplayBuffer(tf.Module):
         # reader never sees a new item with its predecessor's priority (one that drew the row in between
         # re-reads `write_started` after its gather and redraws it).
         return self._buffer._add_impl(
-            *tensors, before_data=lambda new_id, rows: sum_tree.update(self._sums, rows, value, "sum"))
+            *tensors, before_data=lambda rows: sum_tree.update(self._sums, rows, value, "sum"))
 
     def clear(self):
         """Forgets all items and priorities (max priority back to 1.0)."""

@@ -201,7 +201,7 @@ def _ours() -> tuple[dict, dict]:
     namespace["fill"](rb, namespace["ATARI"])
     grown = _rss_bytes() - before
     payload = BATCH * LENGTH * specs.nbytes(namespace["ATARI"])
-    variables = sum(int(np.prod(v.shape)) * v.dtype.size for v in rb.variables)
+    variables = sum(int(np.prod(v.shape)) * v.dtype.size for v in rb.variables())
     memory = {"payload_bytes": payload, "variable_bytes": variables, "rss_growth_bytes": grown}
     del rb, tf
     return results, memory

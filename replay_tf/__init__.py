@@ -14,7 +14,10 @@ from replay_tf.buffers import UniformReplayBuffer
 
 # --- replay server: tables, selectors, rate limiters, client, writers, datasets (replay_tf/core, ...) ---
 from replay_tf import checkpointers
+from replay_tf import item_selectors
 from replay_tf import rate_limiters
+from replay_tf import replay_sample
+from replay_tf import reverb_types
 from replay_tf import selectors
 from replay_tf import structured_writer
 from replay_tf import structured_writer as structured
@@ -57,7 +60,10 @@ __all__ = [
     "TrajectoryDataset",
     "TrajectoryWriter",
     "checkpointers",
+    "item_selectors",
     "rate_limiters",
+    "replay_sample",
+    "reverb_types",
     "selectors",
     "set_connection_options",
     "structured",

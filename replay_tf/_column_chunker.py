@@ -36,11 +36,23 @@ def remote_chunk_length(row_bytes: int, num_keep_alive_refs: int) -> int:
 
 
 def to_array(value: Any) -> np.ndarray:
-    """A leaf as a numpy array (tensors converted; str/bytes as object arrays, as TF strings)."""
+    """A leaf as a numpy array (tensors converted; str/bytes as object arrays of bytes, as TF strings)."""
     array = np.asarray(value)
     if array.dtype.kind in "US":
-        array = array.astype(object)
+        # Taken from the values themselves: numpy's fixed-width strings drop trailing NULs (b"c\0" reads
+        # back as b"c"). str is UTF-8 encoded, as TF does.
+        strings = np.array(value, dtype=object) if not isinstance(value, np.ndarray) else array.astype(object)
+        if strings.ndim == 0:
+            return np.array(_utf8(strings.item()), dtype=object)
+        array = _utf8_all(strings).astype(object, copy=False)
     return array
+
+
+def _utf8(value: Any) -> Any:
+    return value.encode() if isinstance(value, str) else value
+
+
+_utf8_all = np.frompyfunc(_utf8, 1, 1)
 
 
 class _CellRef:
@@ -129,7 +141,7 @@ class _ColumnChunker:
         elif step != self._last_step + 1:
             self._sparse = True  # the column skipped steps: the chunk's rows are not contiguous steps
         chunk, row = self.chunk, self._rows
-        self._array[row] = value
+        self._array[row, ...] = value  # (`[row]` would store a 0-d object array as one element)
         self._rows = row + 1
         self._last_step = step
         if self.open_chunks:  # a remote chunk is only read once final: `finalize` sets its range

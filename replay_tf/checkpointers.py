@@ -8,8 +8,9 @@ Differences from Reverb:
     always configures `default_checkpointer()`, a fresh temporary directory that is never restored from.
     Pass `checkpointer=reverb.checkpointers.default_checkpointer()` for Reverb's behaviour.
   - `group` is refused at construction (Reverb's open-source checkpointer fails on the first save).
-  - There is no `CheckpointerBase.internal_checkpointer()` (there is no C++ checkpointer to hand over);
-    any object with `save(server) -> str` and `load_latest(server) -> bool` can be a checkpointer.
+  - `CheckpointerBase` asks for `save(server) -> str` and `load_latest(server) -> bool`, not Reverb's
+    `internal_checkpointer()` (there is no C++ checkpointer to hand over); any object with those two
+    methods can be a checkpointer, and `DirectoryCheckpointer` (so every checkpointer here) is one.
   - The files are this package's own record files, not Reverb's ZLIB TFRecords: the two cannot read each
     other's checkpoints (the records inside are the same `PriorityTableCheckpoint`, `PrioritizedItem` and
     `ChunkData` messages). See `replay_tf.core.checkpointing` for the layout and for how tables restored
@@ -30,17 +31,34 @@ Differences from Reverb:
 """
 from __future__ import annotations
 
+import abc
 import tempfile
 from typing import Optional
 
 from replay_tf.core.checkpointing import DirectoryCheckpointer
 
 __all__ = [
+    "CheckpointerBase",
     "DefaultCheckpointer",
     "DirectoryCheckpointer",
     "TempDirCheckpointer",
     "default_checkpointer",
 ]
+
+
+class CheckpointerBase(metaclass=abc.ABCMeta):
+    """Reverb's `CheckpointerBase`: what `Server(checkpointer=...)` calls."""
+
+    @abc.abstractmethod
+    def save(self, server) -> str:
+        """Writes a checkpoint of every table of `server`; returns its path."""
+
+    @abc.abstractmethod
+    def load_latest(self, server) -> bool:
+        """Restores the newest checkpoint (or the fallback) into `server`; whether there was one."""
+
+
+CheckpointerBase.register(DirectoryCheckpointer)
 
 
 class DefaultCheckpointer(DirectoryCheckpointer):

@@ -31,7 +31,7 @@ from replay_tf import errors
 from replay_tf._writer_context import FlushOnExitCloseOnDelete
 from replay_tf.core.chunk_store import Item
 from replay_tf._column_chunker import _ColumnChunker, _new_key, to_array
-from replay_tf.trajectory_writer import _path_str
+from replay_tf._leaves import TENSOR_KINDS, check_leaf, path_str
 from rlds_tf.patterns import Condition
 from rlds_tf.patterns import ConditionProto
 from rlds_tf.patterns import Config
@@ -94,11 +94,18 @@ class StructuredWriter(FlushOnExitCloseOnDelete):
             self._raise_closed()
         with_path = tree.flatten_with_path(data)
         if self._paths is None:
-            self._paths = [_path_str(path) for path, _ in with_path]
+            self._paths = [path_str(path) for path, _ in with_path]
         elif len(with_path) != len(self._paths):
             raise ValueError(f"Number of flattened data elements ({len(with_path)}) does not match the first "
                              f"append ({len(self._paths)} elements: {self._paths})")
-        flat = [None if value is None else to_array(value) for _, value in with_path]
+        flat: list = []
+        for path, value in with_path:
+            if value is not None:
+                array = to_array(value)
+                if array.dtype.kind not in TENSOR_KINDS:  # every column is checked, read or not (as Reverb)
+                    check_leaf(array, value, path, "the appended step", none_ok=True)
+                value = array
+            flat.append(value)
         step = self._next_step
         for column, history in self._histories.items():
             value = flat[column] if column < len(flat) else None

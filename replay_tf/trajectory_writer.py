@@ -44,8 +44,19 @@ import tree
 from replay_tf import errors
 from replay_tf._writer_context import FlushOnExitCloseOnDelete
 from replay_tf._column_chunker import _CellRef, _ColumnChunker, _new_key, to_array
+from replay_tf._leaves import TENSOR_KINDS, check_leaf
+from replay_tf._leaves import path_str as _path_str
 from replay_tf.core.chunk_store import Chunk, Item
 from replay_tf.core.table import _shape_compatible, _signature_entries
+
+
+class HistoryIndexError(IndexError, ValueError):
+    """An index of `writer.history[...]` outside the column's history.
+
+    dm-reverb raises `IndexError` for indices past the end and `ValueError` (a `None` reference) for ones
+    before the start; this error is both, so either `except` clause catches it.
+    """
+
 
 class _ColumnHistory:
     """The last `buffer_size` references of a column, indexed as if the whole history were kept."""
@@ -84,11 +95,12 @@ class _ColumnHistory:
 
     def _index(self, val: int) -> Optional[_CellRef]:
         """Position `val` (negative from the end); None once it dropped out of the buffer."""
-        if val >= 0:
-            val -= len(self)
-        if val >= 0 or val < -len(self):
-            raise IndexError(f"history index out of range for column {self._path} of length {len(self)}")
-        return None if val < -len(self._refs) else self._refs[val]
+        length = len(self)
+        index = val - length if val >= 0 else val  # counted from the end: -1 is the last step
+        if index >= 0 or index < -length:
+            raise HistoryIndexError(f"history index {val} is out of range for column {_path_str(self._path)} "
+                                    f"of length {length}: use an index in [{-length}, {length})")
+        return None if index < -len(self._refs) else self._refs[index]
 
     def _slice(self, val: slice):
         """Reverb's semantics: `[:]` covers the whole history (None for dropped steps); other slices are
@@ -226,10 +238,6 @@ def _flat_dict_keys(data: Any) -> Optional[tuple]:
     return tuple(sorted(data))
 
 
-def _path_str(path: tuple) -> str:
-    return "".join(f"[{p!r}]" for p in path) if path else "<root>"
-
-
 class TrajectoryWriter(FlushOnExitCloseOnDelete):
     """Reverb's `TrajectoryWriter` (create with `Client.trajectory_writer`).
 
@@ -355,22 +363,31 @@ class TrajectoryWriter(FlushOnExitCloseOnDelete):
                     raise ValueError(f"Field {self._paths[index]} has already been set in the active step by "
                                      f"previous (partial) append call and thus must be omitted or set to None but "
                                      f"got: {value}")
-        # Validate every value before appending any, so a bad step leaves the writer unchanged.
+        # Validate every value before appending any, so a bad step leaves the writer unchanged (new columns'
+        # chunkers, which fix their dtype and shape, are kept only once the whole step is valid).
         arrays: list = [None] * len(values)
+        new_chunkers: Optional[list] = None  # (index, chunker) of the step's new columns
         for index, value in enumerate(values):
             if value is None:
                 continue
             array = to_array(value)
+            if array.dtype.kind not in TENSOR_KINDS:
+                check_leaf(array, value, self._paths[index], "the appended step", none_ok=True)
             chunker = self._chunkers[index]
             if chunker is None:
                 num_keep_alive, max_chunk_length = self._column_config.get(
                     self._paths[index], (self._num_keep_alive_refs, None))
                 chunker = _ColumnChunker(_path_str(self._paths[index]), array, num_keep_alive, max_chunk_length,
                                          self._open_chunks)
-                self._chunkers[index] = chunker
+                if new_chunkers is None:
+                    new_chunkers = []
+                new_chunkers.append((index, chunker))
             else:
                 chunker.check(array)
             arrays[index] = array
+        if new_chunkers:
+            for index, chunker in new_chunkers:
+                self._chunkers[index] = chunker
         step = self._episode_steps
         for index, array in enumerate(arrays):
             ref = None

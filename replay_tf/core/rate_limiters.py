@@ -14,6 +14,8 @@ import math
 import sys
 from typing import Tuple, Union
 
+from replay_tf.core._arguments import integer
+
 _MAX = sys.float_info.max
 
 
@@ -39,7 +41,7 @@ class RateLimiter:
 
     def __init__(self, samples_per_insert: float, min_size_to_sample: int, min_diff: float, max_diff: float):
         self.samples_per_insert = float(samples_per_insert)
-        self.min_size_to_sample = int(min_size_to_sample)
+        self.min_size_to_sample = integer("min_size_to_sample", min_size_to_sample)  # 2.5, 3.0: TypeError
         self.min_diff = float(min_diff)
         self.max_diff = float(max_diff)
 

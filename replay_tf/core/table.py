@@ -18,6 +18,7 @@ import numpy as np
 from replay_tf import errors
 from replay_tf.core import rate_limiters as rate_limiters_lib
 from replay_tf.core import selectors as selectors_lib
+from replay_tf.core._arguments import integer
 from replay_tf.core.chunk_store import Item
 
 
@@ -115,8 +116,8 @@ class Table:
         self._name = name
         self._sampler_config = sampler
         self._remover_config = remover
-        self._max_size = int(max_size)
-        self._max_times_sampled = int(max_times_sampled)
+        self._max_size = integer("max_size", max_size)  # Python floats, 3.0 too: TypeError (as Reverb)
+        self._max_times_sampled = integer("max_times_sampled", max_times_sampled)
         self._rate_limiter_config = rate_limiter
         self._extensions = tuple(extensions)
         self._signature = signature
@@ -145,6 +146,7 @@ class Table:
     def queue(cls, name: str, max_size: int, extensions: Sequence[TableExtensionBase] = (),
               signature: Any = None) -> "Table":
         """A FIFO queue: Fifo sampler and remover, `max_times_sampled=1`, `Queue(max_size)` limiter."""
+        max_size = integer("max_size", max_size)  # before `Queue(max_size)`, which takes any size >= 1
         return cls(name=name, sampler=selectors_lib.Fifo(), remover=selectors_lib.Fifo(), max_size=max_size,
                    max_times_sampled=1, rate_limiter=rate_limiters_lib.Queue(max_size), extensions=extensions,
                    signature=signature)
@@ -153,6 +155,7 @@ class Table:
     def stack(cls, name: str, max_size: int, extensions: Sequence[TableExtensionBase] = (),
               signature: Any = None) -> "Table":
         """A LIFO stack: Lifo sampler and remover, `max_times_sampled=1`, `Stack(max_size)` limiter."""
+        max_size = integer("max_size", max_size)  # before `Stack(max_size)`, which takes any size >= 1
         return cls(name=name, sampler=selectors_lib.Lifo(), remover=selectors_lib.Lifo(), max_size=max_size,
                    max_times_sampled=1, rate_limiter=rate_limiters_lib.Stack(max_size), extensions=extensions,
                    signature=signature)

@@ -179,10 +179,45 @@ for emit_timesteps in [True, False]:
 info = client.server_info()['t']
 emit('info', [info.current_size, info.num_unique_samples, info.rate_limiter_info.sample_stats.completed])
 """,
+    # dm-reverb's insert converts each leaf to a tensor: TypeError for a leaf that does not convert, None
+    # included (insert has no unset columns); nothing is inserted.
+    "insert_non_tensor_leaves": """
+import decimal
+server = reverb.Server([reverb.Table.queue('q', 100)])
+client = reverb.Client(f'localhost:{server.port}')
+values = {'none': None, 'object': object(), 'set': {1, 2}, 'decimal': decimal.Decimal(1),
+          'object_ints': np.array([1, 2], dtype=object), 'object_none': np.array([None], dtype=object),
+          'object_strings': np.array(['a', b'b'], dtype=object), 'str': 'abc', 'bytes': b'x',
+          'string_tensor': tf.constant(['a']), 'complex': 1 + 2j, 'datetime': np.datetime64('2020-01-01'),
+          'ragged': tf.ragged.constant([[1], [2, 3]])}
+for name, value in values.items():
+    for where, data in [('leaf', value), ('nested', {'a': np.float32(1), 'b': [np.int32(0), value]})]:
+        try:
+            client.insert(data, priorities={'q': 1.0})
+            emit(f'{name}_{where}', 'ok')
+        except Exception as e:
+            emit(f'{name}_{where}', type(e).__name__)
+emit('size', client.server_info()['q'].current_size)
+""",
 }
 
 
 peer_results, local_results, test_matches_reverb = reverb_testlib.differential_tests(SCENARIOS)
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"a": np.float32(1), "b": [np.int32(0), None]}, r"Field \['b'\]\[1\] of the inserted data must be a tensor, "
+                                                     r"numpy array, Python number, bool, str or bytes, got NoneType "
+                                                     r"\(None\)"),
+    ({"obs": {"x": object()}}, r"Field \['obs'\]\['x'\] of the inserted data must be .*, got object \(<object"),
+    (np.array([1.5, "a"], dtype=object), r"Field <root> of the inserted data must be .*, got ndarray of dtype "
+                                         r"object holding float \(1.5\)"),
+])
+def test_insert_refuses_non_tensor_leaves_naming_field_and_type(any_client, data, message):
+    with pytest.raises(TypeError, match=message):
+        any_client.insert(data, priorities={"plain": 1.0})
+    any_client.insert({"s": "abc", "b": [b"x", np.array([b"y"], dtype=object)]}, priorities={"plain": 1.0})
+    assert any_client.server_info()["plain"].current_size == 1  # only the good insert
 
 
 @pytest.mark.parametrize("max_message_bytes, error", [

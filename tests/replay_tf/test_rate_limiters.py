@@ -129,10 +129,65 @@ try:
 except ValueError as e:
     emit('min_size', str(e))
 """,
+    # dm-reverb passes these to C++ ints through pybind: Python floats (3.0 too, and np.float64) are a
+    # TypeError; numpy integers, bools and whole numpy floats are taken; `Queue`'s size is a float there (its
+    # max_diff), and `Table.queue` checks max_size. (Left out: `Queue(0.5)`, which Reverb takes and we refuse
+    # with ValueError as a size < 1, and `np.float32(2.5)`, which pybind truncates to 2 and we refuse.)
+    "integer_arguments": """
+table = lambda **kw: reverb.Table('t', reverb.selectors.Uniform(), reverb.selectors.Fifo(),
+                                  **{'max_size': 10, 'rate_limiter': reverb.rate_limiters.MinSize(1), **kw})
+makers = {
+    'min_size': lambda v: reverb.rate_limiters.MinSize(v),
+    'ratio_min_size': lambda v: reverb.rate_limiters.SampleToInsertRatio(1.0, v, 10.0),
+    'queue': lambda v: reverb.rate_limiters.Queue(v),
+    'table_max_size': lambda v: table(max_size=v),
+    'table_max_times_sampled': lambda v: table(max_times_sampled=v),
+    'table_queue': lambda v: reverb.Table.queue('q', v),
+    'table_stack': lambda v: reverb.Table.stack('s', v),
+}
+values = {'2.5': 2.5, '3.0': 3.0, '0.5': 0.5, 'np.float64(3)': np.float64(3), 'np.float32(3)': np.float32(3),
+          'np.int64(3)': np.int64(3), 'np.int32(3)': np.int32(3), 'np.uint8(3)': np.uint8(3), 'True': True, '3': 3}
+for maker, make in makers.items():
+    for name, value in values.items():
+        if (maker, name) == ('queue', '0.5'):
+            continue
+        try:
+            make(value)
+            emit(f'{maker}({name})', 'ok')
+        except Exception as e:
+            emit(f'{maker}({name})', type(e).__name__)
+""",
 }
 
 
 peer_results, local_results, test_matches_reverb = reverb_testlib.differential_tests(SCENARIOS)
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: reverb.rate_limiters.MinSize(2.5), r"min_size_to_sample must be an integer, got 2.5 \(float\); "
+                                                r"convert it with int\(\) first"),
+    (lambda: reverb.rate_limiters.SampleToInsertRatio(1.0, 3.0, 10.0), r"min_size_to_sample must be an integer, "
+                                                                       r"got 3.0 \(float\)"),
+    (lambda: reverb.Table("t", reverb.selectors.Uniform(), reverb.selectors.Fifo(), 10.5,
+                          reverb.rate_limiters.MinSize(1)), r"max_size must be an integer, got 10.5 \(float\)"),
+    (lambda: reverb.Table("t", reverb.selectors.Uniform(), reverb.selectors.Fifo(), 10,
+                          reverb.rate_limiters.MinSize(1), max_times_sampled=np.float32(2.5)),
+     r"max_times_sampled must be an integer, got (np.float32\()?2.5\)? \(float32\)"),  # Reverb: 2
+    (lambda: reverb.Table.queue("q", 1e3), r"max_size must be an integer, got 1000.0 \(float\)"),
+])
+def test_float_counts_raise_type_error(make, message):
+    with pytest.raises(TypeError, match=message):
+        make()
+
+
+def test_numpy_integer_counts_are_taken_as_ints():
+    limiter = reverb.rate_limiters.SampleToInsertRatio(2.0, np.int64(3), 4.0)
+    table = reverb.Table("t", reverb.selectors.Uniform(), reverb.selectors.Fifo(), np.uint16(7),
+                         reverb.rate_limiters.MinSize(np.int32(2)), max_times_sampled=np.float32(4))
+    assert type(limiter.min_size_to_sample) is int and limiter.min_size_to_sample == 3
+    info = table.info
+    assert (info.max_size, info.max_times_sampled, info.rate_limiter_info.min_size_to_sample) == (7, 4, 2)
+    assert all(type(v) is int for v in (table.max_size, table.max_times_sampled))
 
 
 def test_local_scenarios_run_without_errors(local_results):

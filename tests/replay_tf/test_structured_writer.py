@@ -105,7 +105,48 @@ for t in 'abcd':
     size = client.server_info()[t].current_size
     emit(t, [[np.asarray(x).tolist() for x in s.data] for s in client.sample(t, size, emit_timesteps=False)])
 """,
+    # dm-reverb converts every leaf, read by a config or not: TypeError for one that is not a tensor; None is
+    # a field not set in this step.
+    "non_tensor_leaves": """
+sw = reverb.structured_writer
+server = reverb.Server([reverb.Table.queue('q', 100), reverb.Table.queue('r', 100)])
+client = reverb.Client(f'localhost:{server.port}')
+ref = sw.create_reference_step({'x': tf.TensorSpec([], tf.float32), 'y': tf.TensorSpec([], tf.float32)})
+config = sw.create_config({'x': ref['x'][-1]}, table='q')
+values = {'none': None, 'object': object(), 'object_ints': np.array([1], dtype=object), 'set': {1, 2},
+          'datetime': np.datetime64('2020-01-01')}
+for name, value in values.items():
+    for column, step in [('read', {'x': value, 'y': np.float32(1)}), ('unread', {'x': np.float32(1), 'y': value})]:
+        writer = client.structured_writer([config])
+        try:
+            writer.append(step)
+            emit(f'{name}_{column}', 'ok')
+        except Exception as e:
+            emit(f'{name}_{column}', type(e).__name__)
+writer = client.structured_writer([sw.create_config({'x': ref['x'][-1]}, table='r')])
+for step in [{'x': np.float32(1), 'y': np.float32(0)}, {'x': object(), 'y': np.float32(0)},
+             {'x': np.float32(2), 'y': None}]:
+    try:
+        writer.append(step)
+    except TypeError:
+        pass
+writer.flush()
+size = client.server_info()['r'].current_size
+emit('items', [np.asarray(s.data[0]).tolist() for s in client.sample('r', size, emit_timesteps=False)])
+""",
 }
 
 
 peer_results, local_results, test_matches_reverb = reverb_testlib.differential_tests(SCENARIOS)
+
+
+def test_non_tensor_leaf_error_names_field_and_type():
+    server = reverb.Server([reverb.Table.queue("t", 10)])
+    client = reverb.Client(f"localhost:{server.port}")
+    ref = reverb.structured_writer.create_reference_step({"x": None, "y": None})
+    writer = client.structured_writer([reverb.structured_writer.create_config(ref["x"][-1], table="t")])
+    with pytest.raises(TypeError, match=r"Field \['y'\]\[0\] of the appended step must be a tensor, numpy array, "
+                                        r"Python number, bool, str or bytes, or None to leave the column unset, got "
+                                        r"ndarray of dtype object holding int \(3\)"):
+        writer.append({"x": np.float32(1), "y": [np.array([3], dtype=object)]})
+    server.stop()

@@ -1,0 +1,70 @@
+"""Which leaves of written data can be tensors: the check dm-reverb's writers get from pybind.
+
+dm-reverb converts every leaf of an appended step (`TrajectoryWriter.append`, `StructuredWriter.append`,
+`Client.insert`) to a `tensorflow::Tensor` and raises TypeError for a leaf that does not convert: None (where
+`None` is not "column not set in this step"), arbitrary objects, sets, `Decimal`s, ragged tensors, object
+arrays holding anything but str/bytes, datetimes, structured arrays. The writers here call `check_leaf` only
+when a leaf's numpy dtype kind is not in `TENSOR_KINDS`, so numbers, arrays and tensors pay one
+`dtype.kind` lookup.
+
+>>> import numpy as np
+>>> check_leaf(np.asarray({1, 2}), {1, 2}, ('obs', 0), 'the appended step')  # doctest: +ELLIPSIS
+Traceback (most recent call last):
+...
+TypeError: Field ['obs'][0] of the appended step must be a tensor, numpy array, ..., got set ({1, 2})
+"""
+from __future__ import annotations
+
+import reprlib
+from typing import Any
+
+import numpy as np
+
+#: numpy dtype kinds that are tensors as they are: bool, signed, unsigned, float, complex, str, bytes.
+TENSOR_KINDS = frozenset("biufcUS")
+
+_EXPECTED = "a tensor, numpy array, Python number, bool, str or bytes"
+_repr = reprlib.Repr()
+_repr.maxother = _repr.maxstring = 80
+
+
+def path_str(path: tuple) -> str:
+    """A leaf's path as its subscripts (`['obs'][0]`); `<root>` for a structure that is one leaf."""
+    return "".join(f"[{p!r}]" for p in path) if path else "<root>"
+
+
+def check_leaf(array: np.ndarray, value: Any, path: tuple, context: str, *, none_ok: bool = False) -> None:
+    """Raises TypeError unless `array` (`np.asarray(value)`) can be a tensor.
+
+    Args:
+      array: The leaf as numpy converted it.
+      value: The leaf as given (named in the error).
+      path: The leaf's path in the written structure.
+      context: What the structure is, for the error ("the appended step").
+      none_ok: Whether the caller takes None as a column not set in this step (said in the error).
+
+    Raises:
+      TypeError: Naming the field, what it must be, and the type (and element type) it has.
+    """
+    kind = array.dtype.kind
+    if kind in TENSOR_KINDS:
+        return
+    if kind == "O":
+        if type(value) is str or type(value) is bytes:
+            return
+        for element in array.flat:
+            if not isinstance(element, (str, bytes)):
+                break
+        else:
+            return  # only strings: TF's tf.string
+        if array.ndim == 0 and not isinstance(value, np.ndarray):  # an object numpy wrapped as it is
+            got = f"{type(value).__name__} ({_repr.repr(value)})"
+        else:
+            got = f"{type(value).__name__} of dtype object holding {type(element).__name__} " \
+                  f"({_repr.repr(element)})"
+    elif kind == "V" and not issubclass(array.dtype.type, np.void):
+        return  # ml_dtypes (bfloat16, float8_*): TF dtypes that numpy only knows as opaque ones
+    else:
+        got = f"{type(value).__name__} of dtype {array.dtype}"
+    expected = f"{_EXPECTED}, or None to leave the column unset" if none_ok else _EXPECTED
+    raise TypeError(f"Field {path_str(path)} of {context} must be {expected}, got {got}")

@@ -291,13 +291,39 @@ def test_remote_requests_stay_near_max_request_bytes(remote, monkeypatch):
         server.stop()
 
 
+@pytest.mark.parametrize("linger_s", [0.0, 1e-5, 1e-4])
+def test_remote_requests_arrive_in_order_when_writer_and_sending_thread_both_end_them(remote, monkeypatch, linger_s):
+    # Requests of at most 2 items, lingering a few microseconds: the writer ends requests (full, or lingered
+    # at the next item) while gRPC's sending thread ends lingering ones itself, racing for the same requests.
+    # Items of 3 steps use chunks that earlier requests carried: a request sent out of order would name
+    # chunks the server never received (keep_chunk_keys) and end the stream.
+    from replay_tf import _grpc_common
+    monkeypatch.setattr(_grpc_common, "MAX_REQUEST_ITEMS", 2)
+    monkeypatch.setattr(_grpc_common, "LINGER_S", linger_s)
+    server = reverb.Server([reverb.Table.queue("t", 2000)])
+    try:
+        writer = reverb.Client(f"localhost:{server.port}").trajectory_writer(num_keep_alive_refs=3)
+        for i in range(1500):
+            writer.append({"a": np.int64(i)})
+            if i >= 2:
+                writer.create_item("t", 1.0, writer.history["a"][-3:])
+        writer.flush(timeout_ms=60_000)
+        writer.close()
+        table = server.table("t")
+        got = [table.sample(1, timeout_ms=10_000)[0].item.column_arrays()[0].tolist() for _ in range(1498)]
+        assert got == [[i - 2, i - 1, i] for i in range(2, 1500)]
+    finally:
+        server.stop()
+
+
 def test_remote_send_yields_to_a_sending_thread_that_falls_behind_but_never_blocks(remote, monkeypatch):
     import types
     from replay_tf import _grpc_common
     from replay_tf import _grpc_insert
     yields = []
+    # A clock that stands still: requests end only when full (MAX_REQUEST_ITEMS items), never by lingering.
     monkeypatch.setattr(_grpc_insert, "time", types.SimpleNamespace(
-        monotonic=time.monotonic, sleep=lambda s: yields.append(s)))
+        monotonic=lambda: 0.0, sleep=lambda s: yields.append(s)))
     server = reverb.Server([_table()])
     writer = reverb.Client(f"localhost:{server.port}").trajectory_writer(num_keep_alive_refs=1)
     server.stop()  # the writer's stream opens with the first item and waits for a server that is gone
@@ -305,8 +331,9 @@ def test_remote_send_yields_to_a_sending_thread_that_falls_behind_but_never_bloc
     num_items = 3 * _grpc_common.MAX_REQUEST_ITEMS
     _write(writer, range(num_items))
     assert time.monotonic() - started < 30  # create_item queued every item without waiting for the server
-    # Once more than a request's worth of items wait, each create_item yields the GIL (sleep(0)), once per item.
+    # Once more than one request waits for gRPC's sending thread, each create_item yields the GIL (sleep(0)):
+    # never before the second request is queued, then once per item.
     assert yields and set(yields) == {0}
-    assert _grpc_common.MAX_REQUEST_ITEMS <= len(yields) < num_items - _grpc_common.MAX_REQUEST_ITEMS
+    assert len(yields) <= num_items - 2 * _grpc_common.MAX_REQUEST_ITEMS + 1
     assert writer._stream.num_pending() == num_items
     writer.close()  # drops the waiting items

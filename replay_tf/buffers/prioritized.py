@@ -243,7 +243,8 @@ class PrioritizedReplayBuffer(tf.Module):
         Returns:
           `(data, PrioritizedBufferInfo(ids, probabilities, importance_weights))`.
         """
-        sample_batch_size, num_steps = self._buffer._check_sample_args(sample_batch_size, num_steps)
+        sample_batch_size, num_steps = self._buffer._check_sample_args(sample_batch_size, num_steps,
+                                                                       empty_batch=True)
         args = (sample_batch_size, num_steps, bool(time_stacked))
         if tf.executing_eagerly() and self._buffer.state.episode_index is None:
             # From Python: the whole sample as one XLA program (see `UniformReplayBuffer.get_next`).
@@ -358,7 +359,7 @@ class PrioritizedReplayBuffer(tf.Module):
 
     def _get_next_impl(self, sample_batch_size, num_steps, time_stacked):
         buffer = self._buffer
-        n = sample_batch_size or 1
+        n = 1 if sample_batch_size is None else sample_batch_size
         flat, starts, segments, (probabilities, weights) = buffer._sample_windows(
             n, num_steps, lambda lo, hi: self._draw(n, lo, hi, num_steps),
             lambda lo, hi: buffer._assert_can_sample(lo, hi, num_steps), num_values=2)

@@ -261,8 +261,10 @@ class UniformReplayBuffer(tf.Module):
                                                           * self._batch_size, self._capacity))
 
     # ----- sampling -----
-    def _check_sample_args(self, sample_batch_size, num_steps):
-        def static(value, name):
+    def _check_sample_args(self, sample_batch_size, num_steps, empty_batch: bool = False):
+        """Static `(sample_batch_size, num_steps)`; `empty_batch`: a `sample_batch_size` of 0 is allowed
+        (`get_next` returns an empty batch, as TF-Agents does)."""
+        def static(value, name, least=1):
             if value is None:
                 return None
             # Python ints skip tf.get_static_value (its tensor-type checks cost ~50 us per call).
@@ -270,10 +272,10 @@ class UniformReplayBuffer(tf.Module):
             if static_value is None:
                 raise TypeError(f"{name} must be a Python int (or a constant tensor), got {value!r}")
             static_value = int(static_value)
-            if static_value < 1:
-                raise ValueError(f"{name} ({static_value}) must be >= 1")
+            if static_value < least:
+                raise ValueError(f"{name} ({static_value}) must be >= {least}")
             return static_value
-        sample_batch_size = static(sample_batch_size, "sample_batch_size")
+        sample_batch_size = static(sample_batch_size, "sample_batch_size", 0 if empty_batch else 1)
         num_steps = static(num_steps, "num_steps")
         if num_steps is not None and num_steps > self._max_length:
             raise ValueError(f"num_steps ({num_steps}) must be <= max_length ({self._max_length}): a window "
@@ -367,10 +369,11 @@ class UniformReplayBuffer(tf.Module):
           `time_stacked`. ids are the logical step ids of the returned steps.
 
         Raises:
-          ValueError: `num_steps > max_length`. InvalidArgumentError (when run): no valid window (empty
+          ValueError: `num_steps > max_length`, or `sample_batch_size < 0` (0 gives an empty batch, as
+          TF-Agents). InvalidArgumentError (when run): no valid window (empty
           buffer, or fewer than `num_steps` steps per segment).
         """
-        sample_batch_size, num_steps = self._check_sample_args(sample_batch_size, num_steps)
+        sample_batch_size, num_steps = self._check_sample_args(sample_batch_size, num_steps, empty_batch=True)
         args = (sample_batch_size, num_steps, bool(time_stacked))
         if tf.executing_eagerly() and self._episode_end_fn is None:
             # From Python: the whole sample as one XLA program; its gathers write straight into the
@@ -386,7 +389,7 @@ class UniformReplayBuffer(tf.Module):
 
     def _get_next_impl(self, sample_batch_size, num_steps, time_stacked, keyed: bool = False):
         """`keyed`: draw with stateless ops keyed by `_draw_key` (advanced by one per call)."""
-        n = sample_batch_size or 1
+        n = 1 if sample_batch_size is None else sample_batch_size
         seed = self._draw_key.assign_add(tf.constant([0, 1], tf.int64)) if keyed else None
 
         def draw_fn(lo, hi):
@@ -513,10 +516,11 @@ class UniformReplayBuffer(tf.Module):
 def sample_from_python(owner, fn: Callable, args: tuple, xla_args: tuple):
     """A buffer's `get_next` called from Python: `fn(*xla_args)` as one XLA program (a graph function
     if the spec has dtypes XLA lacks, which raises errors itself), unless the sample comes back flagged
-    impossible (some probability 0: XLA compiles asserts out); then `fn(*args)` in graph mode, which
-    raises the error."""
+    impossible (some probability 0: XLA compiles asserts out) or empty (nothing to flag it: an empty
+    buffer must still raise); then `fn(*args)` in graph mode, which raises the error."""
     out = run_in_graph(owner, "get_next", fn, *xla_args, jit_compile=True)
-    if np.min(out[1].probabilities.numpy()) > 0:
+    probabilities = out[1].probabilities.numpy()
+    if probabilities.size and np.min(probabilities) > 0:
         return out
     return run_in_graph(owner, "get_next", fn, *args)
 

@@ -199,3 +199,60 @@ def test_inputs_that_stay_rejected(items, error, pattern):
     with pytest.raises(error, match=pattern):
         rb.add_batch(items)
     assert int(rb.num_frames()) == 0
+
+
+# ----- an empty sample batch -----
+EMPTY_BATCH_DRIVER = """
+import tensorflow as tf
+
+def run_empty_batches(make_buffer, emit):
+    spec = {"a": tf.TensorSpec([2], tf.float32), "b": tf.TensorSpec([], tf.int32)}
+    rb = make_buffer(spec, batch_size=2, max_length=3)
+    try:
+        rb.get_next(sample_batch_size=0)
+        emit("empty_buffer", "no error")
+    except tf.errors.InvalidArgumentError:
+        emit("empty_buffer", "InvalidArgumentError")
+    for _ in range(2):
+        rb.add_batch({"a": tf.ones([2, 2]), "b": tf.constant([1, 2])})
+    for num_steps in (None, 2):
+        try:
+            data, info = rb.get_next(sample_batch_size=0, num_steps=num_steps)
+        except tf.errors.InvalidArgumentError:
+            emit(f"{num_steps}/data", "InvalidArgumentError")
+            continue
+        emit(f"{num_steps}/data", {k: [list(v.shape), v.dtype.name] for k, v in data.items()})
+        emit(f"{num_steps}/info", [[list(v.shape), v.dtype.name] for v in info])
+"""
+
+
+def _run_empty_batches(buffer_class) -> dict:
+    got = {}
+    scope = {}
+    exec(EMPTY_BATCH_DRIVER, scope)  # noqa: S102  (the same driver runs in the peer venv)
+    scope["run_empty_batches"](buffer_class, lambda name, value: got.__setitem__(name, value))
+    return got
+
+
+@pytest.mark.peer
+def test_sample_batch_size_zero_gives_an_empty_batch_as_tf_agents(peer):
+    theirs = peer.run(EMPTY_BATCH_DRIVER + "from tf_agents.replay_buffers.tf_uniform_replay_buffer import "
+                      "TFUniformReplayBuffer\nrun_empty_batches(TFUniformReplayBuffer, emit)\n")
+    ours = _run_empty_batches(replay_tf.TFUniformReplayBuffer)
+    assert ours["None/data"] == {"a": [[0, 2], "float32"], "b": [[0], "int32"]}
+    assert ours["empty_buffer"] == "InvalidArgumentError"  # an empty buffer is still refused
+    for key in ("empty_buffer", "None/data", "None/info"):
+        assert ours[key] == theirs[key], key
+    # With num_steps TF-Agents fails (its ids [0] + range(2) do not broadcast); ours gives [0, T] windows.
+    assert theirs["2/data"] == "InvalidArgumentError"
+    assert ours["2/data"] == {"a": [[0, 2, 2], "float32"], "b": [[0, 2], "int32"]}
+    assert ours["2/info"] == [[[0, 2], "int64"], [[0], "float32"]]
+
+
+def test_prioritized_sample_batch_size_zero_gives_an_empty_batch():
+    got = _run_empty_batches(replay_tf.PrioritizedReplayBuffer)
+    assert got["empty_buffer"] == "InvalidArgumentError"
+    assert got["2/data"] == {"a": [[0, 2, 2], "float32"], "b": [[0, 2], "int32"]}
+    assert got["2/info"] == [[[0, 2], "int64"], [[0], "float32"], [[0], "float32"]]  # ids, probabilities, weights
+    with pytest.raises(ValueError, match=r"sample_batch_size \(-1\) must be >= 0"):
+        replay_tf.PrioritizedReplayBuffer(tf.TensorSpec([], tf.int32), 1, 2).get_next(sample_batch_size=-1)

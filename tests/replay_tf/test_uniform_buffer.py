@@ -414,8 +414,10 @@ def test_sampling_errors():
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"fewer than num_steps \(3\)"):
         next(iter(rb.as_dataset(sample_batch_size=2, num_steps=3)))
     rb.get_next(sample_batch_size=2, num_steps=2)  # enough now
-    with pytest.raises(ValueError, match="must be >= 1"):
-        rb.get_next(sample_batch_size=0)
+    with pytest.raises(ValueError, match=r"sample_batch_size \(-1\) must be >= 0"):
+        rb.get_next(sample_batch_size=-1)  # (0 is an empty batch, as in TF-Agents: test_buffer_compat)
+    with pytest.raises(ValueError, match=r"sample_batch_size \(0\) must be >= 1"):
+        rb.as_dataset(sample_batch_size=0)
     lists = replay_tf.UniformReplayBuffer([tf.TensorSpec([], tf.float32)], batch_size=1, max_length=2)
     with pytest.raises(ValueError, match="data_spec contains Python lists"):
         lists.as_dataset()

@@ -7,7 +7,7 @@ chunk (open in-process, or finalized at `max_chunk_length` rows for remote serve
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Optional
 
 import numpy as np
 
@@ -33,26 +33,6 @@ def remote_chunk_length(row_bytes: int, num_keep_alive_refs: int) -> int:
     """
     best = round(math.sqrt(_CHUNK_OVERHEAD_BYTES / max(1, row_bytes)))
     return int(min(max(1, num_keep_alive_refs), max(1, best)))
-
-
-def to_array(value: Any) -> np.ndarray:
-    """A leaf as a numpy array (tensors converted; str/bytes as object arrays of bytes, as TF strings)."""
-    array = np.asarray(value)
-    if array.dtype.kind in "US":
-        # Taken from the values themselves: numpy's fixed-width strings drop trailing NULs (b"c\0" reads
-        # back as b"c"). str is UTF-8 encoded, as TF does.
-        strings = np.array(value, dtype=object) if not isinstance(value, np.ndarray) else array.astype(object)
-        if strings.ndim == 0:
-            return np.array(_utf8(strings.item()), dtype=object)
-        array = _utf8_all(strings).astype(object, copy=False)
-    return array
-
-
-def _utf8(value: Any) -> Any:
-    return value.encode() if isinstance(value, str) else value
-
-
-_utf8_all = np.frompyfunc(_utf8, 1, 1)
 
 
 class _CellRef:

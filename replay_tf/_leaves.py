@@ -3,9 +3,9 @@
 dm-reverb converts every leaf of an appended step (`TrajectoryWriter.append`, `StructuredWriter.append`,
 `Client.insert`) to a `tensorflow::Tensor` and raises TypeError for a leaf that does not convert: None (where
 `None` is not "column not set in this step"), arbitrary objects, sets, `Decimal`s, ragged tensors, object
-arrays holding anything but str/bytes, datetimes, structured arrays. The writers here call `check_leaf` only
-when a leaf's numpy dtype kind is not in `TENSOR_KINDS`, so numbers, arrays and tensors pay one
-`dtype.kind` lookup.
+arrays holding anything but str/bytes, datetimes, structured arrays. The writers convert each leaf with
+`leaf_array`, which calls `check_leaf` only when the leaf's numpy dtype kind is not in `TENSOR_KINDS`, so
+numbers, arrays and tensors pay one `dtype.kind` lookup.
 
 >>> import numpy as np
 >>> check_leaf(np.asarray({1, 2}), {1, 2}, ('obs', 0), 'the appended step')  # doctest: +ELLIPSIS
@@ -26,6 +26,34 @@ TENSOR_KINDS = frozenset("biufcUS")
 _EXPECTED = "a tensor, numpy array, Python number, bool, str or bytes"
 _repr = reprlib.Repr()
 _repr.maxother = _repr.maxstring = 80
+
+
+def to_array(value: Any) -> np.ndarray:
+    """A leaf as a numpy array (tensors converted; str/bytes as object arrays of bytes, as TF strings)."""
+    array = np.asarray(value)
+    if array.dtype.kind in "US":
+        # Taken from the values themselves: numpy's fixed-width strings drop trailing NULs (b"c\0" reads
+        # back as b"c"). str is UTF-8 encoded, as TF does.
+        strings = np.array(value, dtype=object) if not isinstance(value, np.ndarray) else array.astype(object)
+        if strings.ndim == 0:
+            return np.array(_utf8(strings.item()), dtype=object)
+        array = _utf8_all(strings).astype(object, copy=False)
+    return array
+
+
+def _utf8(value: Any) -> Any:
+    return value.encode() if isinstance(value, str) else value
+
+
+_utf8_all = np.frompyfunc(_utf8, 1, 1)
+
+
+def leaf_array(value: Any, path: tuple, context: str, *, none_ok: bool = False) -> np.ndarray:
+    """`to_array(value)`, checked by `check_leaf` (see there for the arguments) unless its kind is a tensor's."""
+    array = to_array(value)
+    if array.dtype.kind not in TENSOR_KINDS:
+        check_leaf(array, value, path, context, none_ok=none_ok)
+    return array
 
 
 def path_str(path: tuple) -> str:

@@ -29,9 +29,8 @@ import tree
 
 from replay_tf import _addresses
 from replay_tf import server as server_lib
-from replay_tf._column_chunker import to_array
 from replay_tf._inprocess_transport import InProcessTransport
-from replay_tf._leaves import TENSOR_KINDS, check_leaf
+from replay_tf._leaves import leaf_array
 from replay_tf.core.chunk_store import Chunk, ChunkSlice, Column, Item, SequenceRange, new_key
 
 
@@ -227,12 +226,8 @@ class Client:
         """Inserts `data` (one step) as a length-1 item into every table of `priorities`; blocks until done."""
         if not priorities:
             raise ValueError("priorities must contain at least one item")
-        flat = []
-        for path, leaf in tree.flatten_with_path(data):
-            array = to_array(leaf)
-            if array.dtype.kind not in TENSOR_KINDS:  # every leaf must be set: None is refused too
-                check_leaf(array, leaf, path, "the inserted data")
-            flat.append(array)
+        # Every leaf must be set: None is refused too.
+        flat = [leaf_array(leaf, path, "the inserted data") for path, leaf in tree.flatten_with_path(data)]
         if not flat:
             raise ValueError(f"data must have at least one leaf, got {data!r}")
         # Like Reverb's legacy writer: one chunk holding one length-1 tensor per leaf.

@@ -30,8 +30,8 @@ import tree
 from replay_tf import errors
 from replay_tf._writer_context import FlushOnExitCloseOnDelete
 from replay_tf.core.chunk_store import Item
-from replay_tf._column_chunker import _ColumnChunker, _new_key, to_array
-from replay_tf._leaves import TENSOR_KINDS, check_leaf, path_str
+from replay_tf._column_chunker import _ColumnChunker, _new_key
+from replay_tf._leaves import leaf_array, path_str
 from rlds_tf.patterns import Condition
 from rlds_tf.patterns import ConditionProto
 from rlds_tf.patterns import Config
@@ -98,14 +98,9 @@ class StructuredWriter(FlushOnExitCloseOnDelete):
         elif len(with_path) != len(self._paths):
             raise ValueError(f"Number of flattened data elements ({len(with_path)}) does not match the first "
                              f"append ({len(self._paths)} elements: {self._paths})")
-        flat: list = []
-        for path, value in with_path:
-            if value is not None:
-                array = to_array(value)
-                if array.dtype.kind not in TENSOR_KINDS:  # every column is checked, read or not (as Reverb)
-                    check_leaf(array, value, path, "the appended step", none_ok=True)
-                value = array
-            flat.append(value)
+        # Every column is checked, read or not (as Reverb).
+        flat = [None if value is None else leaf_array(value, path, "the appended step", none_ok=True)
+                for path, value in with_path]
         step = self._next_step
         for column, history in self._histories.items():
             value = flat[column] if column < len(flat) else None

@@ -43,8 +43,8 @@ import tree
 
 from replay_tf import errors
 from replay_tf._writer_context import FlushOnExitCloseOnDelete
-from replay_tf._column_chunker import _CellRef, _ColumnChunker, _new_key, to_array
-from replay_tf._leaves import TENSOR_KINDS, check_leaf
+from replay_tf._column_chunker import _CellRef, _ColumnChunker, _new_key
+from replay_tf._leaves import leaf_array
 from replay_tf._leaves import path_str as _path_str
 from replay_tf.core.chunk_store import Chunk, Item
 from replay_tf.core.table import _shape_compatible, _signature_entries
@@ -370,9 +370,7 @@ class TrajectoryWriter(FlushOnExitCloseOnDelete):
         for index, value in enumerate(values):
             if value is None:
                 continue
-            array = to_array(value)
-            if array.dtype.kind not in TENSOR_KINDS:
-                check_leaf(array, value, self._paths[index], "the appended step", none_ok=True)
+            array = leaf_array(value, self._paths[index], "the appended step", none_ok=True)
             chunker = self._chunkers[index]
             if chunker is None:
                 num_keep_alive, max_chunk_length = self._column_config.get(

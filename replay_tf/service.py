@@ -77,6 +77,7 @@ _MAX_SAMPLE_BATCH = 1024
 _DECODED_CHUNK_BYTES = 64 << 20    # decoded multi-row chunks kept for stacked sample streams (_stacking)
 _MAX_CHECKED_LAYOUTS = 4096      # column layouts a stream remembers as matching their table's signature
 _WAIT_SLICE_MS = 250               # blocked inserts and samples check this often that their client is there
+_CHUNKS_TAG = 0x0A                 # InsertStreamRequest.chunks = 1, length-delimited
 
 _log = logging.getLogger(__name__)
 
@@ -412,11 +413,18 @@ class ReverbServicer:
                 if not chunk_protos and not item_protos:
                     raise _StatusError(grpc.StatusCode.INVALID_ARGUMENT,
                                        "InsertStreamRequest must contain at least one chunk or item")
-                for chunk_proto in chunk_protos:
+                ranges = None  # each chunk's bytes in `raw`, found once a chunk is new to the stream
+                for index, chunk_proto in enumerate(chunk_protos):
                     if chunk_proto.chunk_key in held:
                         continue  # the first copy wins, as in Reverb
+                    if ranges is None:
+                        ranges = _raw.message_field_ranges(raw, _CHUNKS_TAG) or ()
+                        if len(ranges) != len(chunk_protos):
+                            ranges = ()
+                    # A chunk is kept as the bytes it arrived as (a slice of the request), not serialized again.
+                    serialized = raw[ranges[index][0]:ranges[index][1]] if ranges else None
                     try:
-                        chunk, headers = codec.chunk_from_proto(chunk_proto)
+                        chunk, headers = codec.chunk_from_proto(chunk_proto, serialized)
                     except codec.ChunkDecodeError as e:
                         raise _StatusError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
                     stored = self._chunk_store.insert(chunk)

@@ -316,6 +316,34 @@ def read_varint(buffer: bytes, pos: int) -> tuple:
             raise IndexError(f"a varint longer than 10 bytes at byte {pos - 9}")
 
 
+def message_field_ranges(serialized: bytes, tag: int) -> Optional[list]:
+    """`[(start, end), ...]` of every occurrence of the length-delimited top-level field with one-byte `tag`
+    in a message that protobuf parsed before (each a repeated element's bytes, in order); None for what this
+    walk leaves to protobuf (groups, a tag or length it cannot read)."""
+    ranges = []
+    pos, end = 0, len(serialized)
+    try:
+        while pos < end:
+            field_tag, pos = read_varint(serialized, pos)
+            wire_type = field_tag & 7
+            if wire_type == 2:
+                size, pos = read_varint(serialized, pos)
+                if field_tag == tag:
+                    ranges.append((pos, pos + size))
+                pos += size
+            elif wire_type == 0:
+                _, pos = read_varint(serialized, pos)
+            elif wire_type == 1:
+                pos += 8
+            elif wire_type == 5:
+                pos += 4
+            else:
+                return None
+    except IndexError:
+        return None
+    return ranges if pos == end else None
+
+
 def chunk_tensor_fields(serialized: bytes) -> Optional[list]:
     """`[(dtype enum, serialized tensor_shape, (start, end) of tensor_content), ...]` for the `data.tensors`
     of a serialized `ChunkData` that protobuf parsed before, found by walking its bytes (nothing is copied);

@@ -424,6 +424,18 @@ def chunk_from_proto(proto: schema_pb2.ChunkData, serialized: Optional[bytes] = 
     if rows < 1:
         raise ChunkDecodeError(f"chunk {proto.chunk_key} has an empty sequence range "
                                f"[{sequence_range.start}, {sequence_range.end}]")
+    headers = _seen_headers(serialized, rows) if serialized is not None else None
+    if headers is None:
+        headers = _checked_headers(proto, tensors, sequence_range, rows)
+    if serialized is None:
+        serialized = proto.SerializeToString()
+    chunk = chunk_store.Chunk(proto.chunk_key, None, sequence_range, delta_encoded=proto.delta_encoded,
+                              encoded=serialized, decoder=_decode_serialized)
+    return chunk, headers
+
+
+def _checked_headers(proto: schema_pb2.ChunkData, tensors, sequence_range: chunk_store.SequenceRange,
+                     rows: int) -> list:
     headers = []
     for index, tensor in enumerate(tensors):
         dtype, shape = tensor_header(tensor)
@@ -432,11 +444,30 @@ def chunk_from_proto(proto: schema_pb2.ChunkData, serialized: Optional[bytes] = 
                                    f"sequence range [{sequence_range.start}, {sequence_range.end}] has {rows} rows")
         _check_content_size(proto.chunk_key, index, tensor, dtype, shape)
         headers.append((dtype, shape))
-    if serialized is None:
-        serialized = proto.SerializeToString()
-    chunk = chunk_store.Chunk(proto.chunk_key, None, sequence_range, delta_encoded=proto.delta_encoded,
-                              encoded=serialized, decoder=_decode_serialized)
-    return chunk, headers
+    return headers
+
+
+def _seen_headers(serialized: bytes, rows: int) -> Optional[list]:
+    """The headers `chunk_from_proto` checks, read from the serialized chunk when every tensor is numeric
+    with a header seen before and passes the checks (nothing is copied: protobuf would copy each
+    `tensor_content` to be read); None otherwise, for the checks on the parsed chunk to run (and name
+    what is wrong)."""
+    fields = _raw.chunk_tensor_fields(serialized)
+    if not fields:
+        return None
+    view = memoryview(serialized)
+    headers = []
+    for dtype, shape, (start, end) in fields:
+        header = _HEADERS.get((dtype, shape))
+        if header is None or not header[1] or header[1][0] != rows:
+            return None
+        try:
+            if cramjam.snappy.decompress_raw_len(view[start:end]) != header[2]:
+                return None
+        except Exception:  # noqa: BLE001  (cramjam's own DecompressionError: reported by the full check)
+            return None
+        headers.append(header[:2])
+    return headers
 
 
 def _check_content_size(chunk_key: int, index: int, tensor, dtype: np.dtype, shape: tuple) -> None:

@@ -12,6 +12,7 @@ from replay_tf.core import chunk_store
 from replay_tf.core import rate_limiters
 from replay_tf.core import selectors
 from replay_tf.core import table as table_lib
+from replay_tf.wire import _raw
 from replay_tf.wire import codec
 from replay_tf.wire import reverb_service_pb2
 from replay_tf.wire import schema_pb2
@@ -225,11 +226,55 @@ def test_open_chunk_is_re_encoded_when_it_grows():
      r"chunk 5: tensor 0 of dtype \w+ and shape \[3, 1099511627776\] needs \d+ bytes, its content announces"),
     (lambda p: setattr(p.data.tensors[0], "tensor_content", b"\xff" * 10), r"tensor 0 content is not valid Snappy"),
 ])
-def test_chunk_header_errors(mutate, error):
+@pytest.mark.parametrize("given_serialized", [False, True])
+def test_chunk_header_errors(mutate, error, given_serialized):
+    codec.chunk_from_proto(_chunk_proto())  # the valid header is known: received bytes take the fast path
     proto = _chunk_proto()
     mutate(proto)
     with pytest.raises(codec.ChunkDecodeError, match=error):
-        codec.chunk_from_proto(proto)
+        codec.chunk_from_proto(proto, proto.SerializeToString() if given_serialized else None)
+
+
+def test_received_chunk_with_known_headers_is_checked_without_copying_contents(monkeypatch):
+    tensors = [np.arange(6, dtype=np.int64).reshape(3, 2), np.ones((3, 4, 4), np.uint8)]
+    proto = _chunk_proto(tensors=tensors)
+    want = codec.chunk_from_proto(proto)[1]  # (records the headers)
+    serialized = proto.SerializeToString()
+
+    def no_copy(*args):
+        raise AssertionError("tensor contents were read through protobuf")
+
+    monkeypatch.setattr(codec, "_check_content_size", no_copy)
+    chunk, headers = codec.chunk_from_proto(proto, serialized)
+    assert headers == want == [(np.dtype(np.int64), (3, 2)), (np.dtype(np.uint8), (3, 4, 4))]
+    assert codec.serialized_chunk(chunk) is serialized
+    np.testing.assert_array_equal(chunk.tensors[1], tensors[1])
+    # A chunk this walk leaves to protobuf (a string tensor) is checked there, as before.
+    monkeypatch.undo()
+    strings = _chunk_proto(tensors=[np.array([b"x", b"y", b"z"], dtype=object)])
+    assert codec.chunk_from_proto(strings, strings.SerializeToString())[1] == [(np.dtype(object), (3,))]
+
+
+def test_message_field_ranges_finds_each_repeated_element_in_order():
+    chunks = [_chunk_proto(key=k, rows=r) for k, r in [(5, 3), (6, 1), (1 << 63, 2)]]
+    request = reverb_service_pb2.InsertStreamRequest(chunks=chunks, keep_chunk_keys=[5, 6])
+    request.items.add(key=3, table="t", priority=0.5)
+    # Fields the walk must step over: a packed list, varints, fixed64/fixed32 and an unknown
+    # length-delimited field (number 20: a two-byte tag), between the chunks.
+    serialized = (request.SerializeToString() + b"\xa2\x01\x03abc" + b"\xa8\x01\x96\x01" + b"\xb1\x01" + b"\0" * 8 + b"\xb5\x01" + b"\0" * 4)
+    extra = reverb_service_pb2.InsertStreamRequest(chunks=[_chunk_proto(key=7)]).SerializeToString()
+    serialized += extra
+    parsed = reverb_service_pb2.InsertStreamRequest.FromString(serialized)
+    ranges = _raw.message_field_ranges(serialized, 0x0A)
+    assert [serialized[a:b] for a, b in ranges] == [c.SerializeToString() for c in parsed.chunks]
+    assert len(ranges) == 4
+    [(a, b)] = _raw.message_field_ranges(serialized, 0x12)
+    assert serialized[a:b] == parsed.items[0].SerializeToString()
+    # What the walk cannot read is left to protobuf: a group, a truncated field, an endless varint.
+    assert _raw.message_field_ranges(b"\x0b\x0c", 0x0A) is None
+    assert _raw.message_field_ranges(serialized[:-1], 0x0A) is None
+    assert _raw.message_field_ranges(b"\x08" + b"\xff" * 11, 0x0A) is None
+    assert _raw.message_field_ranges(b"", 0x0A) == []
 
 
 def test_deprecated_data_is_read():

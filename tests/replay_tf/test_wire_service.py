@@ -6,6 +6,7 @@ import re
 import threading
 import time
 
+import cramjam
 import grpc
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ import replay_tf as reverb
 from replay_tf import errors
 from replay_tf import service
 from replay_tf.core import chunk_store
+from replay_tf.wire import _raw
 from replay_tf.wire import codec
 from replay_tf.wire import reverb_service_pb2
 from replay_tf.wire import schema_pb2
@@ -287,6 +289,28 @@ def test_a_reused_chunk_key_is_checked_against_the_stored_chunk(channel, server)
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "got dtype=int32 shape=[2, 2]" in details, details
     assert server.tables["sig"].get_item(302) is None
     server.tables["t"].mutate_items(deletes=[301])
+
+
+def test_a_chunk_is_kept_as_the_bytes_it_arrived_as(channel, server):
+    # A chunk whose fields come in another order than protobuf writes them (valid: they merge) is stored as
+    # received, not serialized again, and reads back the same; a later chunk with the same header whose
+    # content contradicts it is still refused.
+    proto = codec.chunk_to_proto(_chunk(320))
+    reordered = (schema_pb2.ChunkData(data=proto.data).SerializeToString()
+                 + schema_pb2.ChunkData(chunk_key=320, sequence_range=proto.sequence_range).SerializeToString())
+    assert reordered != proto.SerializeToString()
+    request = (b"\x0a" + _raw.varint(len(reordered)) + reordered
+               + _request([], [(321, "t", [(320, 1, 2)], False)]))
+    _stream(channel, "InsertStream", [request])
+    [stored] = server.chunk_store.get([320])
+    assert codec.serialized_chunk(stored) == reordered
+    np.testing.assert_array_equal(server.tables["t"].get_item(321).column_arrays()[0], [[2, 3], [4, 5]])
+    server.tables["t"].mutate_items(deletes=[321])
+    bad = codec.chunk_to_proto(_chunk(322))
+    bad.data.tensors[0].tensor_content = bytes(cramjam.snappy.compress_raw(b"\0" * 20))
+    code, details = _status(lambda: _stream(channel, "InsertStream", [
+        reverb_service_pb2.InsertStreamRequest(chunks=[bad]).SerializeToString()]))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "needs 24 bytes, its content announces 20" in details, details
 
 
 def test_the_service_uses_the_servers_chunk_store(channel, server):

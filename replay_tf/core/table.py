@@ -56,6 +56,22 @@ class TableInfo:
     num_unique_samples: int
     table_worker_time: TableWorkerTime = TableWorkerTime()
 
+    @classmethod
+    def from_serialized_proto(cls, proto_string: bytes) -> "TableInfo":
+        """The `TableInfo` of a serialized `deepmind.reverb.TableInfo` proto (as Reverb's alternate constructor).
+
+        Raises:
+          ValueError: If `proto_string` is not a serialized `TableInfo`.
+        """
+        from replay_tf.wire import codec  # noqa: PLC0415  (the core does not depend on the wire format)
+        from replay_tf.wire import schema_pb2  # noqa: PLC0415
+        from google.protobuf import message  # noqa: PLC0415
+        try:
+            proto = schema_pb2.TableInfo.FromString(proto_string)
+        except (message.DecodeError, TypeError) as e:
+            raise ValueError(f"not a serialized deepmind.reverb.TableInfo ({len(proto_string)} bytes): {e}") from None
+        return codec.table_info_from_proto(proto)
+
 
 class SampledItem(NamedTuple):
     """One sample: the item (its data is `item.column_arrays()`) and the values reported with it."""

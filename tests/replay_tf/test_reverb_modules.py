@@ -44,6 +44,25 @@ for i, priority in enumerate([3.0, 1.0, 2.0, 5.0]):  # the min-heap remover drop
     client.insert(np.int32(i), priorities={'t': priority})
 emit('heaps', [np.asarray(s.data[0]).tolist() for s in client.sample('t', 3, emit_timesteps=False)])  # by priority
 """,
+    "table_info_from_serialized_proto": """
+import base64
+# A TableInfo proto: Prioritized(0.8) sampler, Fifo remover, max_size 10, max_times_sampled 5,
+# SampleToInsertRatio(2.0, 3, 4.0), signature {'a': f32[2] named 'a', 'b': (i64[None, 3],)}, current_size 7,
+# num_episodes 2, running_ms 9, 11 inserts completed.
+info = reverb.reverb_types.TableInfo.from_serialized_proto(base64.b64decode(
+    'CgsaCQmamZmZmZnpPxIECAE4ARgKIAUqIwkAAAAAAAAAQBEAAAAAAAAAQBkAAAAAAAAkQCADKgIQCzIAMjyqAzkKEwoBYRIOigILCgFhEgQSAggC'
+    'GAEKIgoBYhIdogMaChiKAhUSERILCP///////////wESAggDGAk4B0IBeEgCYgIICQ=='))
+emit('table_info', [info.name, info.max_size, info.max_times_sampled, info.current_size, info.num_episodes,
+                    info.num_deleted_episodes, info.num_unique_samples, info.sampler_options.WhichOneof('distribution'),
+                    round(info.sampler_options.prioritized.priority_exponent, 6),
+                    info.remover_options.WhichOneof('distribution'), info.remover_options.is_deterministic])
+limiter = info.rate_limiter_info
+emit('table_info_limiter', [limiter.samples_per_insert, limiter.min_diff, limiter.max_diff, limiter.min_size_to_sample,
+                            limiter.insert_stats.completed, limiter.sample_stats.completed,
+                            info.table_worker_time.running_ms])
+emit('table_info_signature', tf.nest.map_structure(lambda spec: [spec.name, spec.shape.as_list(), spec.dtype.name],
+                                                   info.signature))
+""",
 }
 
 

@@ -57,11 +57,15 @@ def report(suite: str, rows: list[dict]) -> None:
     print(f"{'workload':58s} {'ours':>12s} {'peer':>12s} {'ratio':>7s}  peer")
     for row in rows:
         ours, theirs = row.get("ours"), row.get("peer")
-        ratio = (ours / theirs) if ours and theirs else None
+        # A suite that measured in rounds gives the median of its rounds' ratios (`round_ratios`).
+        ratio = row["ratio"] if "ratio" in row else (ours / theirs) if ours and theirs else None
         row["ratio"] = ratio
         fmt = lambda v: f"{v:12.4g}" if isinstance(v, (int, float)) else f"{'n/a':>12s}"  # noqa: E731
+        spread = row.get("round_ratios")
+        spread = f" [{min(spread):.2f}-{max(spread):.2f}]" if spread and len(spread) > 1 else ""
         print(f"{row['workload'][:58]:58s} {fmt(ours)} {fmt(theirs)} "
-              f"{(f'{ratio:6.2f}x' if ratio else '    n/a')}  {row.get('peer_name', '')} ({row.get('unit', '')})")
+              f"{(f'{ratio:6.2f}x' if ratio else '    n/a')}{spread}  {row.get('peer_name', '')} "
+              f"({row.get('unit', '')})")
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     meta = {"suite": suite, "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "cpus": os.cpu_count(), "rows": rows}
     (RESULTS_DIR / f"{suite}.json").write_text(json.dumps(meta, indent=1))

@@ -11,6 +11,10 @@ stacked samples (rl-data-tf's extension, which only our server implements); ours
 reported without it (`stacked_samples=False`, Reverb's protocol as is). The `floor:` rows measure gRPC Python receiving the
 same `SampleStream` responses (from the dm-reverb server) and protobuf parsing them, nothing decoded: the
 least any Python client built on grpcio and protobuf can spend per sample.
+
+This host's speed swings by 2x over tens of seconds, so every pair runs once per round (`BENCH_WIRE_ROUNDS`,
+default 3; the order of the servers alternates): a row gives the medians of ours and of the reference, and
+the median of the rounds' ratios, each taken within one round (`round_ratios` in the JSON lists them).
 """
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ from benchmarks import _harness
 from benchmarks import _reverb_workload
 
 NUM_STEPS = int(os.environ.get("BENCH_WIRE_STEPS", "10000"))
+ROUNDS = int(os.environ.get("BENCH_WIRE_ROUNDS", "3"))  # every pair runs once per round; rows give medians
 SPECS = {"small": ([10, 10], 60), "atari": ([84, 84, 4], 12)}  # observation shape, batches per measurement
 
 SERVER = r'''
@@ -154,10 +159,10 @@ def _run_peer_client(peer, address: str) -> dict:
     return peer.run(code, {"address": address, "specs": SPECS, "num_steps": NUM_STEPS}, timeout_s=1800)
 
 
-def main() -> None:
-    peer = _harness.peer()
-    results = {}
-    for server_kind in (["ours", "reverb"] if peer is not None else ["ours"]):
+def _one_round(peer, server_kinds: list) -> tuple:
+    """Every pair once: `({(server, client): values}, floor values, floor's server kind)`."""
+    results, floor, floor_server = {}, {}, None
+    for server_kind in server_kinds:
         server = _ServerProcess(server_kind, peer)
         try:
             address = f"localhost:{server.port}"
@@ -165,38 +170,58 @@ def main() -> None:
             if peer is not None:
                 results[(server_kind, "reverb")] = _run_peer_client(peer, address)
             if server_kind == "reverb" or peer is None:  # the dm-reverb server, where there is one
-                floor = _receive_floor(address)
-                floor_server = server_kind
+                floor, floor_server = _receive_floor(address), server_kind
         finally:
             server.stop()
-    reference = results.get(("reverb", "reverb"), {})
+    return results, floor, floor_server
+
+
+def _median(values: list):
+    values = sorted(v for v in values if v)
+    if not values:
+        return None
+    middle = len(values) // 2
+    return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
+
+
+def main() -> None:
+    peer = _harness.peer()
+    rounds = []
+    for index in range(ROUNDS):  # the server order alternates, so no pair always runs in the same phase
+        kinds = ["ours", "reverb"] if peer is not None else ["ours"]
+        rounds.append(_one_round(peer, kinds if index % 2 == 0 else kinds[::-1]))
+    floor_server = rounds[0][2]
+
+    def row(workload: str, unit: str, key: str, ours_of) -> dict:
+        """A row over the rounds: medians of ours and of the reference, and the median of the rounds' ratios
+        (each round's ours over that round's reference: both measured minutes apart at most)."""
+        ours = [ours_of(results, floor) for results, floor, _ in rounds]
+        peers = [results.get(("reverb", "reverb"), {}).get(key) for results, _, _ in rounds]
+        ratios = [o / p for o, p in zip(ours, peers) if o and p]
+        out = {"workload": workload, "ours": _median(ours), "peer": _median(peers),
+               "peer_name": "dm-reverb client -> dm-reverb server", "unit": unit}
+        if ratios:
+            out["ratio"] = _median(ratios)
+            out["round_ratios"] = [round(r, 3) for r in ratios]
+        return out
+
     rows = []
+    pairs = sorted({pair for results, _, _ in rounds for pair in results if pair != ("reverb", "reverb")})
     for spec_name in SPECS:
         for metric, what, unit in [("insert", f"writer insert ({NUM_STEPS} steps, 3-step items)", "steps/s"),
                                    ("sample", "TrajectoryDataset.batch(256)", "samples/s"),
                                    ("sample_cpu", "TrajectoryDataset.batch(256) per client CPU-second",
                                     "samples/CPU-s")]:
             key = f"{spec_name}/{metric}"
-            for (server_kind, client_kind), values in sorted(results.items()):
-                if (server_kind, client_kind) == ("reverb", "reverb"):
-                    continue
-                pair = f"{client_kind[:6]}->{server_kind[:6]}"
-                rows.append({"workload": f"{pair} {spec_name} {what}",
-                             "ours": values.get(key), "peer": reference.get(key),
-                             "peer_name": "dm-reverb client -> dm-reverb server", "unit": unit})
-            entries = results.get(("ours", "ours"), {}).get(f"{spec_name}/{metric.replace('sample', 'sample_entries')}")
-            if metric != "insert" and entries is not None:  # ours -> ours without the stacked extension
-                rows.append({"workload": f"ours->ours {spec_name} {what}, Reverb's protocol (stacked_samples=False)",
-                             "ours": entries, "peer": reference.get(key),
-                             "peer_name": "dm-reverb client -> dm-reverb server", "unit": unit})
-            if metric != "insert":  # the transport's floor beside the dataset rows
-                rows.append({"workload": f"floor: gRPC receive + protobuf parse only ->{floor_server[:6]} {spec_name} "
-                                         f"{what.replace('TrajectoryDataset.batch(256)', 'SampleStream')}",
-                             "ours": floor.get(f"{spec_name}/{metric.replace('sample', 'floor')}"),
-                             "peer": reference.get(key), "peer_name": "dm-reverb client -> dm-reverb server",
-                             "unit": unit})
+            for server_kind, client_kind in pairs:
+                rows.append(row(f"{client_kind[:6]}->{server_kind[:6]} {spec_name} {what}", unit, key,
+                                lambda results, floor, pair=(server_kind, client_kind): results[pair].get(key)))
+            entries_key = f"{spec_name}/{metric.replace('sample', 'sample_entries')}"
+            if metric != "insert":  # ours -> ours without the stacked extension
+                rows.append(row(f"ours->ours {spec_name} {what}, Reverb's protocol (stacked_samples=False)", unit, key,
+                                lambda results, floor: results.get(("ours", "ours"), {}).get(entries_key)))
+                # The transport's floor beside the dataset rows.
+                rows.append(row(f"floor: gRPC receive + protobuf parse only ->{floor_server[:6]} {spec_name} "
+                                f"{what.replace('TrajectoryDataset.batch(256)', 'SampleStream')}", unit, key,
+                                lambda results, floor: floor.get(f"{spec_name}/{metric.replace('sample', 'floor')}")))
     _harness.report("wire", rows)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

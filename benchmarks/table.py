@@ -26,8 +26,10 @@ def render() -> str:
         suite = suites[name]
         for row in suite["rows"]:
             ratio = row.get("ratio")
+            spread = row.get("round_ratios")  # (medians over rounds: the rounds' range beside)
+            spread = f" ({min(spread):.2f}-{max(spread):.2f})" if spread and len(spread) > 1 else ""
             lines.append(f"| {name} ({suite['time'][:16]}) | {row['workload']} | {_fmt(row.get('ours'))} | "
-                         f"{_fmt(row.get('peer'))} | {f'{ratio:.2f}x' if ratio else ''} | "
+                         f"{_fmt(row.get('peer'))} | {f'{ratio:.2f}x{spread}' if ratio else ''} | "
                          f"{row.get('peer_name', '')} | {row.get('unit', '')} |")
     return "\n".join(lines)
 

@@ -225,3 +225,7 @@ def main() -> None:
                                 f"{what.replace('TrajectoryDataset.batch(256)', 'SampleStream')}", unit, key,
                                 lambda results, floor: floor.get(f"{spec_name}/{metric.replace('sample', 'floor')}")))
     _harness.report("wire", rows)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -418,9 +418,9 @@ class ReverbServicer:
                     if chunk_proto.chunk_key in held:
                         continue  # the first copy wins, as in Reverb
                     if ranges is None:
-                        ranges = _raw.message_field_ranges(raw, _CHUNKS_TAG) or ()
-                        if len(ranges) != len(chunk_protos):
-                            ranges = ()
+                        ranges = _raw.message_field_ranges(raw, _CHUNKS_TAG)
+                        if ranges is None or len(ranges) != len(chunk_protos):
+                            ranges = ()  # not walkable: each chunk is serialized from its proto
                     # A chunk is kept as the bytes it arrived as (a slice of the request), not serialized again.
                     serialized = raw[ranges[index][0]:ranges[index][1]] if ranges else None
                     try:

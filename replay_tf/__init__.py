@@ -15,6 +15,7 @@ from replay_tf.buffers import UniformReplayBuffer
 # --- replay server: tables, selectors, rate limiters, client, writers, datasets (replay_tf/core, ...) ---
 from replay_tf import checkpointers
 from replay_tf import item_selectors
+from replay_tf import pattern_dataset
 from replay_tf import rate_limiters
 from replay_tf import replay_sample
 from replay_tf import reverb_types
@@ -25,6 +26,7 @@ from replay_tf.client import Client
 from replay_tf.client import set_connection_options
 from replay_tf.errors import DeadlineExceededError
 from replay_tf.errors import ReverbError
+from replay_tf.pattern_dataset import PatternDataset
 from replay_tf.server import Server
 from replay_tf.sharded import ShardedClient
 from replay_tf.core.table import Table
@@ -50,6 +52,7 @@ __all__ = [
     # --- replay server ---
     "Client",
     "DeadlineExceededError",
+    "PatternDataset",
     "ReplaySample",
     "ReverbError",
     "SampleInfo",
@@ -61,6 +64,7 @@ __all__ = [
     "TrajectoryWriter",
     "checkpointers",
     "item_selectors",
+    "pattern_dataset",
     "rate_limiters",
     "replay_sample",
     "reverb_types",

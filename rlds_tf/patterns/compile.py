@@ -57,7 +57,9 @@ def compile_blocks(blocks: tf.data.Dataset, configs: Sequence[Any], step_spec: A
     """Applies `configs` to a dataset of step blocks (each a nest shaped like `step_spec` plus a leading dim).
 
     Args:
-      blocks: consecutive steps, stacked: element i holds steps [n_i, n_i + B_i) of the stream.
+      blocks: consecutive steps, stacked: element i holds steps [n_i, n_i + B_i) of the stream. A block
+        may be a tuple `(steps, extra)`: the steps' leaves then come first in its flattening, so that
+        `is_last_fn` can read a per-step flag computed beside them.
       configs: `StructuredWriterConfig`s (or their protos); all must produce the same structure.
       step_spec: the spec of one step.
       respect_episode_boundaries: clear the history at the end of every episode.
@@ -312,10 +314,8 @@ def episodes_to_blocks(episodes: tf.data.Dataset, steps_key: str,
         step_spec = tree.map_structure(lambda s: tf.TensorSpec(s.shape[1:], s.dtype), steps_spec)
         return episodes.map(lambda e: e[steps_key]), step_spec
     step_spec = steps_spec.element_spec
-    leaves = tree.flatten(step_spec)
-    if leaves and all(isinstance(s, tf.TensorSpec) and s.shape.is_fully_defined() for s in leaves):
-        row_bytes = max(1, sum(max(s.dtype.size, 1) * s.shape.num_elements() for s in leaves))
-        rows = block_size or min(max(_BLOCK_BYTES // row_bytes, 1), _MAX_BLOCK_STEPS)
+    rows = _block_rows(step_spec, block_size)
+    if rows is not None:
         groups = episodes.map(lambda e: e[steps_key]).window(_EPISODES_PER_GROUP)
         return groups.interleave(lambda group: group.flat_map(lambda steps: steps).batch(rows), cycle_length=1,
                                  block_length=1, num_parallel_calls=tf.data.AUTOTUNE,
@@ -326,6 +326,23 @@ def episodes_to_blocks(episodes: tf.data.Dataset, steps_key: str,
     return episodes.interleave(lambda e: e[steps_key].batch(_WHOLE_EPISODE), cycle_length=_PARALLEL_EPISODES,
                                block_length=1, num_parallel_calls=tf.data.AUTOTUNE,
                                deterministic=True), step_spec
+
+
+def steps_to_blocks(steps: tf.data.Dataset, block_size: Optional[int] = None) -> tf.data.Dataset:
+    """Blocks of a flat stream of steps: `block_size` steps each (default: about `_BLOCK_BYTES`, at most
+    `_MAX_BLOCK_STEPS`) when every leaf of a step has a fully known shape, else one step each (steps of
+    different shapes cannot be stacked). Blocks span episode ends: `compile_blocks` finds those."""
+    rows = _block_rows(steps.element_spec, block_size)
+    return steps.batch(rows if rows is not None else 1)
+
+
+def _block_rows(step_spec: Any, block_size: Optional[int]) -> Optional[int]:
+    """Steps per block for steps of `step_spec`, or None if some leaf's shape is not fully known."""
+    leaves = tree.flatten(step_spec)
+    if not leaves or not all(isinstance(s, tf.TensorSpec) and s.shape.is_fully_defined() for s in leaves):
+        return None
+    row_bytes = max(1, sum(max(s.dtype.size, 1) * s.shape.num_elements() for s in leaves))
+    return block_size or min(max(_BLOCK_BYTES // row_bytes, 1), _MAX_BLOCK_STEPS)
 
 
 # Blocks of flattened nested steps: about this many bytes (measured: ~2k steps of 230 bytes beat 1k and

@@ -156,6 +156,23 @@ def test_pattern_map_matches_reverb(expected, name, respect, snippet, layout, mo
     assert_nested_equal(actual, want)
 
 
+@pytest.mark.peer
+@pytest.mark.parametrize("block_steps", [None, 3])
+@pytest.mark.parametrize("name,respect,snippet", CASES, ids=[c[0] for c in CASES])
+def test_replay_tf_pattern_dataset_matches_reverb(expected, name, respect, snippet, block_steps, monkeypatch):
+    # rlds' pattern_map (the peer's side of `expected`) is dm-reverb's PatternDataset over the flattened
+    # steps, ending episodes where `is_last` is True: replay_tf.PatternDataset on the same steps must match.
+    import replay_tf  # noqa: PLC0415
+
+    if block_steps is not None:  # episode ends at every position within and between blocks
+        monkeypatch.setattr(compile_lib, "_MAX_BLOCK_STEPS", block_steps)
+    if f"{name}/error" in expected:
+        pytest.fail(f"the peer failed on {name}: {expected[name + '/error']}")
+    steps = _episodes().flat_map(lambda e: e["steps"])
+    ours = replay_tf.PatternDataset(steps, _configs(snippet), respect, lambda step: step["is_last"])
+    assert_nested_equal(list(ours), _unflatten(expected, name, ours.element_spec))
+
+
 def test_open_ended_strided_slice_is_right_where_reverb_is_wrong():
     # Reverb declares x[-5::2] as shape [2] and fails at iteration; it selects 3 values.
     configs = _configs("configs = [sw.create_config(ref['x'][-5::2], 't')]")

@@ -26,6 +26,7 @@ from replay_tf.client import Client
 from replay_tf.client import set_connection_options
 from replay_tf.errors import DeadlineExceededError
 from replay_tf.errors import ReverbError
+from replay_tf.legacy_writer import Writer
 from replay_tf.pattern_dataset import PatternDataset
 from replay_tf.server import Server
 from replay_tf.sharded import ShardedClient
@@ -62,6 +63,7 @@ __all__ = [
     "TrajectoryColumn",
     "TrajectoryDataset",
     "TrajectoryWriter",
+    "Writer",
     "checkpointers",
     "item_selectors",
     "pattern_dataset",

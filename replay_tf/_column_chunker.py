@@ -69,8 +69,9 @@ class _ColumnChunker:
     """Appends one column's values to its current chunk and hands out references to them."""
 
     def __init__(self, path: str, first_value: np.ndarray, num_keep_alive_refs: int,
-                 max_chunk_length: Optional[int], open_chunks: bool):
+                 max_chunk_length: Optional[int], open_chunks: bool, delta_encoded: bool = False):
         self.path = path
+        self.delta_encoded = delta_encoded  # (how remote chunks are encoded: Reverb's delta encoding)
         self.dtype = first_value.dtype
         self.shape = tuple(first_value.shape)
         self.num_keep_alive_refs = num_keep_alive_refs
@@ -117,7 +118,8 @@ class _ColumnChunker:
             self._rows = 0
             self._start_step = step
             self._sparse = False
-            self.chunk = Chunk(_new_key(), [self._array], SequenceRange(episode_id, step, step))
+            self.chunk = Chunk(_new_key(), [self._array], SequenceRange(episode_id, step, step),
+                               delta_encoded=self.delta_encoded)
         elif step != self._last_step + 1:
             self._sparse = True  # the column skipped steps: the chunk's rows are not contiguous steps
         chunk, row = self.chunk, self._rows

@@ -304,6 +304,29 @@ class Client:
         return TrajectoryWriter(self._transport.open_insert_stream(), num_keep_alive_refs=num_keep_alive_refs,
                                 table_infos=signatures)
 
+    def writer(self, max_sequence_length: int, delta_encoded: bool = False, chunk_length: Optional[int] = None,
+               max_in_flight_items: Optional[int] = 25):
+        """Reverb's legacy `Writer` (prefer `trajectory_writer`): items of the last `num_timesteps` appended
+        timesteps, up to `max_sequence_length`; `chunk_length` defaults to `min(10, max_sequence_length)`.
+
+        Raises:
+          ValueError: If `max_sequence_length` or `max_in_flight_items` is < 1, or `chunk_length` is not in
+            [1, max_sequence_length].
+        """
+        from replay_tf.legacy_writer import Writer  # noqa: PLC0415
+
+        if max_sequence_length < 1:
+            raise ValueError(f"max_sequence_length ({max_sequence_length}) must be a positive integer")
+        if chunk_length is None:
+            chunk_length = min(10, max_sequence_length)
+        if chunk_length < 1 or chunk_length > max_sequence_length:
+            raise ValueError(f"chunk_length ({chunk_length}) must be a positive integer le to max_sequence_length "
+                             f"({max_sequence_length})")
+        if max_in_flight_items is not None and max_in_flight_items < 1:
+            raise ValueError(f"max_in_flight_items ({max_in_flight_items}) must be a positive integer")
+        return Writer(self._transport.open_insert_stream(), max_sequence_length, delta_encoded, chunk_length,
+                      max_in_flight_items)
+
     def structured_writer(self, configs):
         """A `StructuredWriter` applying the pattern `configs` to every appended step."""
         from replay_tf.structured_writer import StructuredWriter  # noqa: PLC0415

@@ -245,15 +245,19 @@ class TrajectoryWriter(FlushOnExitCloseOnDelete):
       stream: An insert stream of the client's transport (`replay_tf.client.InsertStream`).
       num_keep_alive_refs: How many recent steps of each column items may refer to.
       table_infos: Table name -> `TableInfo` used to validate items (None: no validation).
+      delta_encoded: (an addition, for the legacy `Writer`) delta-encode the chunks' integer tensors of
+        rank >= 2 on the wire, as Reverb's `Client.writer(delta_encoded=True)`.
     """
 
-    def __init__(self, stream, *, num_keep_alive_refs: int, table_infos: Optional[Dict[str, Any]] = None):
+    def __init__(self, stream, *, num_keep_alive_refs: int, table_infos: Optional[Dict[str, Any]] = None,
+                 delta_encoded: bool = False):
         if num_keep_alive_refs < 1:
             raise ValueError(f"num_keep_alive_refs ({num_keep_alive_refs}) must be a positive integer")
         self._stream = stream
         self._open_chunks = bool(getattr(stream, "supports_open_chunks", False))
         self._num_keep_alive_refs = num_keep_alive_refs
         self._table_infos = table_infos
+        self._delta_encoded = delta_encoded
         self._signature_entries: Dict[str, Any] = {}
         self._structure = None
         self._path_to_index: Dict[tuple, int] = {}
@@ -376,7 +380,7 @@ class TrajectoryWriter(FlushOnExitCloseOnDelete):
                 num_keep_alive, max_chunk_length = self._column_config.get(
                     self._paths[index], (self._num_keep_alive_refs, None))
                 chunker = _ColumnChunker(_path_str(self._paths[index]), array, num_keep_alive, max_chunk_length,
-                                         self._open_chunks)
+                                         self._open_chunks, self._delta_encoded)
                 if new_chunkers is None:
                     new_chunkers = []
                 new_chunkers.append((index, chunker))

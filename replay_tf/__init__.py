@@ -30,6 +30,7 @@ from replay_tf.legacy_writer import Writer
 from replay_tf.pattern_dataset import PatternDataset
 from replay_tf.server import Server
 from replay_tf.sharded import ShardedClient
+from replay_tf.tf_client import TFClient
 from replay_tf.core.table import Table
 from replay_tf.trajectory_dataset import ReplaySample
 from replay_tf.trajectory_dataset import SampleInfo
@@ -59,6 +60,7 @@ __all__ = [
     "SampleInfo",
     "Server",
     "ShardedClient",
+    "TFClient",
     "Table",
     "TrajectoryColumn",
     "TrajectoryDataset",

@@ -1,0 +1,138 @@
+"""`TFClient`: Reverb's client calls as TensorFlow ops, for code that samples, inserts or updates priorities
+from a `tf.function` (e.g. a learner updating priorities after each step).
+
+dm-reverb implements them as custom kernels; here each call is a `tf.numpy_function` around `Client` (no
+compiled op). They run wherever TensorFlow runs Python functions: eagerly and in `tf.function`, not under
+XLA (`jit_compile=True`) nor in a graph that is serialized and run without this Python process. The
+in-graph replay buffers (`TFUniformReplayBuffer`, `PrioritizedReplayBuffer`) are the choice for work that
+must stay inside the graph.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+import tree
+
+from replay_tf.client import Client
+from replay_tf.trajectory_dataset import ReplaySample
+from replay_tf.trajectory_dataset import SampleInfo
+
+
+class _InvalidArgument(tf.errors.InvalidArgumentError, ValueError):
+    """Raised by the ops' Python functions: run eagerly, the op raises it as is (an InvalidArgumentError, as
+    dm-reverb's kernels); in a graph TensorFlow turns a ValueError into an InvalidArgumentError."""
+
+    def __init__(self, message: str):
+        super().__init__(None, None, message)
+
+
+class TFClient:
+    """Client calls as TensorFlow ops: `sample`, `insert`, `update_priorities`.
+
+    Args:
+      server_address: address of the server.
+      shared_name: accepted for Reverb's signature (its kernels share a client resource by this name);
+        every `TFClient` here holds its own `Client`.
+      name: prefix of the ops' name scopes.
+    """
+
+    def __init__(self, server_address: str, shared_name: Optional[str] = None, name: str = "reverb"):
+        del shared_name
+        self._name = name
+        self._server_address = server_address
+        self._client = Client(server_address)
+
+    @property
+    def server_address(self) -> str:
+        return self._server_address
+
+    def sample(self, table: str, data_dtypes: Any, name: Optional[str] = None) -> ReplaySample:
+        """Samples one item of `table` (blocking on its rate limiter) and returns its first timestep, nested
+        as `data_dtypes` (as dm-reverb's op: the rest of the item is dropped). An item whose columns are
+        not all timestep-shaped (squeezed columns, or columns of different lengths) is returned whole."""
+        flat_dtypes = [tf.as_dtype(d) for d in tree.flatten(data_dtypes)]
+        numpy_dtypes = [d.as_numpy_dtype for d in flat_dtypes]
+
+        @tf.autograph.experimental.do_not_convert  # (a Python function, not a graph)
+        def sample(table_name) -> list:
+            table_name = table_name.decode() if isinstance(table_name, bytes) else str(table_name)
+            [sampled] = list(self._client.sample(table_name, 1, emit_timesteps=False))
+            columns = [np.asarray(column) for column in sampled.data]
+            if len(columns) != len(flat_dtypes):
+                raise _InvalidArgument(
+                    f"Sampled item of table '{table_name}' has {len(columns)} columns, but data_dtypes "
+                                f"has {len(flat_dtypes)}: {[d.name for d in flat_dtypes]}")
+            if len({column.shape[:1] for column in columns}) == 1 and columns[0].ndim and len(columns[0]):
+                columns = [column[0] for column in columns]  # the first timestep
+            for i, (column, dtype) in enumerate(zip(columns, numpy_dtypes)):
+                if column.dtype != dtype:
+                    raise _InvalidArgument(
+                        f"Sampled item of table '{table_name}' has column {i} of dtype "
+                                    f"{column.dtype.name}, but data_dtypes expects {np.dtype(dtype).name}")
+            data = columns
+            info = sampled.info
+            return [np.uint64(info.key), np.float64(info.probability), np.int64(info.table_size),
+                    np.float64(info.priority), np.int32(info.times_sampled), *data]
+
+        with tf.name_scope(name or f"{self._name}_sample"):
+            out = tf.numpy_function(sample, [table], [tf.uint64, tf.float64, tf.int64, tf.float64, tf.int32,
+                                                      *flat_dtypes], stateful=True)
+        for tensor in out[:5]:
+            tensor.set_shape([])
+        return ReplaySample(info=SampleInfo(*out[:5]), data=tree.unflatten_as(data_dtypes, list(out[5:])))
+
+    def insert(self, data: Sequence[tf.Tensor], tables: tf.Tensor, priorities: tf.Tensor,
+               name: Optional[str] = None):
+        """Inserts `data` (one timestep, stored once) as an item of priority `priorities[i]` in `tables[i]`
+        for every i; returns an op (None when run eagerly).
+
+        Raises:
+          ValueError: `tables` is not a rank-1 string tensor, `priorities` not a rank-1 float64 tensor, or
+            their shapes differ.
+        """
+        if tables.dtype != tf.string or tables.shape.rank != 1:
+            raise ValueError("tables must be a string tensor of rank 1")
+        if priorities.dtype != tf.float64 or priorities.shape.rank != 1:
+            raise ValueError("priorities must be a float64 tensor of rank 1")
+        if not tables.shape.is_compatible_with(priorities.shape):
+            raise ValueError("priorities and tables must have the same shape")
+        leaves = tree.flatten(data)
+
+        @tf.autograph.experimental.do_not_convert  # (a Python function, not a graph)
+        def insert(table_names, item_priorities, *values) -> np.bool_:
+            if len(table_names) != len(item_priorities):
+                raise _InvalidArgument(f"tables ({len(table_names)}) and priorities ({len(item_priorities)}) must have "
+                                                      f"the same length")
+            with self._client.writer(1) as writer:  # as Reverb's op: one timestep, one item per table
+                writer.append(list(values))
+                for table_name, priority in zip(table_names, item_priorities):
+                    writer.create_item(table_name.decode(), 1, float(priority))
+            return np.bool_(True)
+
+        with tf.name_scope(name or f"{self._name}_insert"):
+            done = tf.numpy_function(insert, [tables, priorities, *leaves], tf.bool, stateful=True)
+            with tf.control_dependencies([done]):
+                return tf.no_op()
+
+    def update_priorities(self, table: str, keys: tf.Tensor, priorities: tf.Tensor, name: Optional[str] = None):
+        """Sets the priorities of the items `keys` of `table` (unknown keys are ignored); returns an op
+        (None when run eagerly)."""
+
+        @tf.autograph.experimental.do_not_convert  # (a Python function, not a graph)
+        def update(table_name, item_keys, item_priorities) -> np.bool_:
+            item_keys, item_priorities = np.reshape(item_keys, [-1]), np.reshape(item_priorities, [-1])
+            if len(item_keys) != len(item_priorities):
+                raise _InvalidArgument(f"keys ({len(item_keys)}) and priorities ({len(item_priorities)}) must have the "
+                                                      f"same length")
+            table_name = table_name.decode() if isinstance(table_name, bytes) else str(table_name)
+            self._client.mutate_priorities(table_name, dict(zip(item_keys.tolist(), item_priorities.tolist())))
+            return np.bool_(True)
+
+        with tf.name_scope(name or f"{self._name}_update_priorities"):
+            keys = tf.convert_to_tensor(keys, tf.uint64)
+            priorities = tf.convert_to_tensor(priorities, tf.float64)
+            done = tf.numpy_function(update, [table, keys, priorities], tf.bool, stateful=True)
+            with tf.control_dependencies([done]):
+                return tf.no_op()

@@ -31,6 +31,7 @@ from replay_tf.pattern_dataset import PatternDataset
 from replay_tf.server import Server
 from replay_tf.sharded import ShardedClient
 from replay_tf.tf_client import TFClient
+from replay_tf.timestep_dataset import TimestepDataset
 from replay_tf.core.table import Table
 from replay_tf.trajectory_dataset import ReplaySample
 from replay_tf.trajectory_dataset import SampleInfo
@@ -62,6 +63,7 @@ __all__ = [
     "ShardedClient",
     "TFClient",
     "Table",
+    "TimestepDataset",
     "TrajectoryColumn",
     "TrajectoryDataset",
     "TrajectoryWriter",

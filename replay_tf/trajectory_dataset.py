@@ -221,11 +221,15 @@ class TrajectoryDataset(tf.data.Dataset):
             raise ValueError(f"Inconsistent number of tensors requested from table '{self._table}'. Requested "
                              f"{len(self._column_dtypes)} tensors ({self._column_paths}), but table signature shows "
                              f"{len(flat)} tensors: {signature}")
-        for path, dtype, shape, spec in zip(self._column_paths, self._column_dtypes, self._column_shapes, flat):
+        for path, dtype, shape, spec in zip(self._column_paths, self._column_dtypes, self._signature_shapes(), flat):
             if dtype != spec.dtype or not shape.is_compatible_with(spec.shape):
                 raise ValueError(f"Requested incompatible tensor at '{path}' from table '{self._table}': "
                                  f"requested dtype={dtype.name} shape={shape}, but the table signature has "
                                  f"{spec}")
+
+    def _signature_shapes(self) -> list:
+        """The column shapes a table signature must be compatible with (`TimestepDataset`'s are timesteps)."""
+        return self._column_shapes
 
     def _batch_specs(self, batch_size: Optional[int]) -> ReplaySample:
         return ReplaySample(

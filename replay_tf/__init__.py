@@ -9,6 +9,7 @@ code written for `tf_agents.replay_buffers`.
 from replay_tf.buffers import BufferInfo
 from replay_tf.buffers import PrioritizedBufferInfo
 from replay_tf.buffers import PrioritizedReplayBuffer
+from replay_tf.buffers import PyUniformReplayBuffer
 from replay_tf.buffers import TFUniformReplayBuffer
 from replay_tf.buffers import UniformReplayBuffer
 
@@ -50,6 +51,7 @@ __all__ = [
     "BufferInfo",
     "PrioritizedBufferInfo",
     "PrioritizedReplayBuffer",
+    "PyUniformReplayBuffer",
     "TFUniformReplayBuffer",
     "UniformReplayBuffer",
     # --- replay server ---

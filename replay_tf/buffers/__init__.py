@@ -1,6 +1,8 @@
-"""In-graph replay buffers on `tf.Variable` storage (TF-Agents' API, plus a prioritized variant)."""
+"""In-graph replay buffers on `tf.Variable` storage (TF-Agents' API, plus a prioritized variant), and TF-Agents'
+Python buffer on numpy arrays (`PyUniformReplayBuffer`)."""
 from replay_tf.buffers.prioritized import PrioritizedBufferInfo
 from replay_tf.buffers.prioritized import PrioritizedReplayBuffer
+from replay_tf.buffers.py_uniform import PyUniformReplayBuffer
 from replay_tf.buffers.uniform import BufferInfo
 from replay_tf.buffers.uniform import TFUniformReplayBuffer
 from replay_tf.buffers.uniform import UniformReplayBuffer
@@ -11,6 +13,7 @@ __all__ = [
     "BufferInfo",
     "PrioritizedBufferInfo",
     "PrioritizedReplayBuffer",
+    "PyUniformReplayBuffer",
     "TFUniformReplayBuffer",
     "UniformReplayBuffer",
     "end_of_episode_from_is_last",

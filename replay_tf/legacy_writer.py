@@ -24,6 +24,7 @@ from replay_tf import errors
 from replay_tf.trajectory_writer import TrajectoryWriter
 
 _log = logging.getLogger(__name__)
+_DELETE_FLUSH_TIMEOUT_MS = 10_000  # how long a writer collected unclosed may take to send its pending items
 
 
 class Writer:
@@ -61,13 +62,18 @@ class Writer:
             self.close()
 
     def __del__(self):
-        if self._closed or sys.is_finalizing():
+        if self._closed or getattr(self, "_writer", None) is None or sys.is_finalizing():
             return
         _log.warning("Writer-object deleted without calling .close explicitly.")
+        # As Reverb, the pending items are still sent, but the collector never waits long for a server
+        # that is gone (an explicit `close` or `flush` waits as long as it takes).
+        self._closed = True
         try:
-            self.close()
-        except Exception:  # noqa: BLE001  (its server gone, or a half-built writer)
+            self._writer.flush(timeout_ms=_DELETE_FLUSH_TIMEOUT_MS)
+        except Exception:  # noqa: BLE001  (its server gone or slow: the items are dropped)
             pass
+        finally:
+            self._writer.close()
 
     def __repr__(self) -> str:
         return (f"Writer(max_sequence_length={self._max_sequence_length}, chunk_length={self._chunk_length}), "

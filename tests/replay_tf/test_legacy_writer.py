@@ -173,3 +173,15 @@ def test_delta_encoded_chunks_travel_delta_encoded(monkeypatch):
         [sample] = list(client.sample("q", 1, emit_timesteps=False))
         np.testing.assert_array_equal(sample.data[0], frames)
     server.stop()
+
+
+def test_a_writer_collected_unclosed_still_sends_its_items(client, caplog):
+    import gc  # noqa: PLC0415
+
+    writer = client.writer(2, chunk_length=2)
+    writer.append(np.int32(5))
+    writer.create_item("q", 1, 1.0)  # waits for its chunk (2 steps), so nothing is sent yet
+    del writer
+    gc.collect()
+    assert "deleted without calling .close" in caplog.text
+    assert [s.data[0].tolist() for s in client.sample("q", 1, emit_timesteps=False)] == [[5]]

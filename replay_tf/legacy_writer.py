@@ -39,10 +39,18 @@ class Writer:
         meanwhile); None for no limit.
     """
 
+    _closed = True  # (until constructed: a half-built writer is never flushed nor closed by `__del__`)
+    _writer: Optional[TrajectoryWriter] = None
+
     def __init__(self, stream, max_sequence_length: int, delta_encoded: bool, chunk_length: int,
                  max_in_flight_items: Optional[int]):
         self._stream = stream
-        self._writer = TrajectoryWriter(stream, num_keep_alive_refs=max_sequence_length, delta_encoded=delta_encoded)
+        try:
+            self._writer = TrajectoryWriter(stream, num_keep_alive_refs=max_sequence_length,
+                                            delta_encoded=delta_encoded)
+        except BaseException:
+            stream.close()
+            raise
         self._max_sequence_length = max_sequence_length
         self._chunk_length = chunk_length
         self._max_in_flight_items = max_in_flight_items
@@ -55,14 +63,16 @@ class Writer:
         return self
 
     def __exit__(self, exc_type, exc_value, tb) -> None:
-        try:
-            if exc_type is None or not issubclass(exc_type, errors.ReverbError):
-                self.flush()
-        finally:
-            self.close()
+        # Flushes (RuntimeError if `close` was called in the block, as Reverb's), then closes; after a
+        # ReverbError (the server failed the stream) it only closes, without waiting on the server again.
+        flush = exc_type is None or not issubclass(exc_type, errors.ReverbError)
+        if flush:
+            self.flush()
+        if not self._closed:
+            self._close(flush)
 
     def __del__(self):
-        if self._closed or getattr(self, "_writer", None) is None or sys.is_finalizing():
+        if self._closed or self._writer is None or sys.is_finalizing():
             return
         _log.warning("Writer-object deleted without calling .close explicitly.")
         # As Reverb, the pending items are still sent, but the collector never waits long for a server
@@ -143,9 +153,13 @@ class Writer:
         del retry_on_unavailable
         if self._closed:
             raise ValueError("close() has already been called on Writer.")
+        self._close(flush=True)
+
+    def _close(self, flush: bool) -> None:
         self._closed = True
         try:
-            self._writer.flush()
+            if flush:
+                self._writer.flush()
         finally:
             self._writer.close()
 

@@ -9,12 +9,14 @@ must stay inside the graph.
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
 import tree
 
+from replay_tf import errors
 from replay_tf.client import Client
 from replay_tf.trajectory_dataset import ReplaySample
 from replay_tf.trajectory_dataset import SampleInfo
@@ -26,6 +28,38 @@ class _InvalidArgument(tf.errors.InvalidArgumentError, ValueError):
 
     def __init__(self, message: str):
         super().__init__(None, None, message)
+
+
+class _NotFound(tf.errors.NotFoundError, errors.TableNotFoundError):
+    """An unknown table, raised by the ops' Python functions: a NotFoundError run eagerly (as dm-reverb's);
+    in a graph TensorFlow turns it (a ValueError) into an InvalidArgumentError."""
+
+    def __init__(self, message: str):
+        super().__init__(None, None, message)
+
+
+class _DeadlineExceeded(tf.errors.DeadlineExceededError, errors.DeadlineExceededError):
+    def __init__(self, message: str):
+        super().__init__(None, None, message)
+
+
+@contextlib.contextmanager
+def _as_op_errors(unknown_table=_NotFound):
+    """Client errors as TensorFlow op errors (an unknown table as `unknown_table`)."""
+    try:
+        yield
+    except errors.TableNotFoundError as e:
+        if isinstance(e, tf.errors.OpError):
+            raise
+        raise unknown_table(str(e)) from None
+    except errors.DeadlineExceededError as e:
+        if isinstance(e, tf.errors.OpError):
+            raise
+        raise _DeadlineExceeded(str(e)) from None
+
+
+def _decode(table_name) -> str:
+    return table_name.decode() if isinstance(table_name, bytes) else str(table_name)
 
 
 class TFClient:
@@ -50,31 +84,45 @@ class TFClient:
 
     def sample(self, table: str, data_dtypes: Any, name: Optional[str] = None) -> ReplaySample:
         """Samples one item of `table` (blocking on its rate limiter) and returns its first timestep, nested
-        as `data_dtypes` (as dm-reverb's op: the rest of the item is dropped). An item whose columns are
-        not all timestep-shaped (squeezed columns, or columns of different lengths) is returned whole."""
+        as `data_dtypes` (as dm-reverb's op: the rest of the item is dropped); an item whose columns are all
+        squeezed is one timestep, returned whole.
+
+        Raises (when run):
+          InvalidArgumentError: an item whose columns are neither all squeezed nor of one length, or whose
+            columns do not match `data_dtypes`.
+          NotFoundError: no such table (InvalidArgumentError in a graph).
+        """
         flat_dtypes = [tf.as_dtype(d) for d in tree.flatten(data_dtypes)]
         numpy_dtypes = [d.as_numpy_dtype for d in flat_dtypes]
 
         @tf.autograph.experimental.do_not_convert  # (a Python function, not a graph)
         def sample(table_name) -> list:
-            table_name = table_name.decode() if isinstance(table_name, bytes) else str(table_name)
-            [sampled] = list(self._client.sample(table_name, 1, emit_timesteps=False))
-            columns = [np.asarray(column) for column in sampled.data]
+            table_name = _decode(table_name)
+            with _as_op_errors():
+                stream = self._client.transport.open_sample_stream(table_name, 1, None, max_samples=1)
+                try:
+                    [sampled] = stream.next_batch()
+                finally:
+                    stream.close()
+            item = sampled.item
+            columns = [np.asarray(column) for column in item.column_arrays()]
+            squeezed = [column.squeeze for column in item.trajectory]
             if len(columns) != len(flat_dtypes):
-                raise _InvalidArgument(
-                    f"Sampled item of table '{table_name}' has {len(columns)} columns, but data_dtypes "
-                                f"has {len(flat_dtypes)}: {[d.name for d in flat_dtypes]}")
-            if len({column.shape[:1] for column in columns}) == 1 and columns[0].ndim and len(columns[0]):
+                raise _InvalidArgument(f"Sampled item of table '{table_name}' has {len(columns)} columns, but "
+                                       f"data_dtypes has {len(flat_dtypes)}: {[d.name for d in flat_dtypes]}")
+            if not all(squeezed):  # (an item of squeezed columns is one timestep: returned whole)
+                if any(squeezed) or len({len(column) for column in columns}) != 1:
+                    raise _InvalidArgument(f"Sampled trajectory cannot be decomposed into timesteps: item "
+                                           f"{item.key} of table '{table_name}' has columns of lengths "
+                                           f"{[None if s else len(c) for s, c in zip(squeezed, columns)]} "
+                                           f"(None: squeezed)")
                 columns = [column[0] for column in columns]  # the first timestep
             for i, (column, dtype) in enumerate(zip(columns, numpy_dtypes)):
                 if column.dtype != dtype:
-                    raise _InvalidArgument(
-                        f"Sampled item of table '{table_name}' has column {i} of dtype "
-                                    f"{column.dtype.name}, but data_dtypes expects {np.dtype(dtype).name}")
-            data = columns
-            info = sampled.info
-            return [np.uint64(info.key), np.float64(info.probability), np.int64(info.table_size),
-                    np.float64(info.priority), np.int32(info.times_sampled), *data]
+                    raise _InvalidArgument(f"Sampled item of table '{table_name}' has column {i} of dtype "
+                                           f"{column.dtype.name}, but data_dtypes expects {np.dtype(dtype).name}")
+            return [np.uint64(item.key), np.float64(sampled.probability), np.int64(sampled.table_size),
+                    np.float64(sampled.priority), np.int32(sampled.times_sampled), *columns]
 
         with tf.name_scope(name or f"{self._name}_sample"):
             out = tf.numpy_function(sample, [table], [tf.uint64, tf.float64, tf.int64, tf.float64, tf.int32,
@@ -103,12 +151,13 @@ class TFClient:
         @tf.autograph.experimental.do_not_convert  # (a Python function, not a graph)
         def insert(table_names, item_priorities, *values) -> np.bool_:
             if len(table_names) != len(item_priorities):
-                raise _InvalidArgument(f"tables ({len(table_names)}) and priorities ({len(item_priorities)}) must have "
-                                                      f"the same length")
-            with self._client.writer(1) as writer:  # as Reverb's op: one timestep, one item per table
-                writer.append(list(values))
-                for table_name, priority in zip(table_names, item_priorities):
-                    writer.create_item(table_name.decode(), 1, float(priority))
+                raise _InvalidArgument(f"tables ({len(table_names)}) and priorities ({len(item_priorities)}) must "
+                                       f"have the same length")
+            with _as_op_errors(unknown_table=_InvalidArgument):  # (dm-reverb's insert op: InvalidArgument)
+                with self._client.writer(1) as writer:  # as Reverb's op: one timestep, one item per table
+                    writer.append(list(values))
+                    for table_name, priority in zip(table_names, item_priorities):
+                        writer.create_item(_decode(table_name), 1, float(priority))
             return np.bool_(True)
 
         with tf.name_scope(name or f"{self._name}_insert"):
@@ -122,12 +171,13 @@ class TFClient:
 
         @tf.autograph.experimental.do_not_convert  # (a Python function, not a graph)
         def update(table_name, item_keys, item_priorities) -> np.bool_:
+            if np.shape(item_keys) != np.shape(item_priorities):
+                raise _InvalidArgument(f"keys (shape {list(np.shape(item_keys))}) and priorities (shape "
+                                       f"{list(np.shape(item_priorities))}) must have the same shape")
             item_keys, item_priorities = np.reshape(item_keys, [-1]), np.reshape(item_priorities, [-1])
-            if len(item_keys) != len(item_priorities):
-                raise _InvalidArgument(f"keys ({len(item_keys)}) and priorities ({len(item_priorities)}) must have the "
-                                                      f"same length")
-            table_name = table_name.decode() if isinstance(table_name, bytes) else str(table_name)
-            self._client.mutate_priorities(table_name, dict(zip(item_keys.tolist(), item_priorities.tolist())))
+            with _as_op_errors():
+                self._client.mutate_priorities(_decode(table_name),
+                                               dict(zip(item_keys.tolist(), item_priorities.tolist())))
             return np.bool_(True)
 
         with tf.name_scope(name or f"{self._name}_update_priorities"):

@@ -27,6 +27,12 @@ class _Items(TrajectoryDataset):
     def _signature_shapes(self) -> list:
         return self._timestep_shapes
 
+    def _check_item(self, item) -> None:
+        squeezed = [column.squeeze for column in item.trajectory]
+        if any(squeezed):
+            raise ValueError(f"Sampled trajectory cannot be decomposed into timesteps: item {item.key} of table "
+                             f"'{self._table}' has squeezed columns {[i for i, s in enumerate(squeezed) if s]}")
+
 
 class TimestepDataset(tf.data.Dataset):
     """A `tf.data.Dataset` of `ReplaySample`s, one per timestep of each sampled item, in order; `info`
@@ -35,7 +41,7 @@ class TimestepDataset(tf.data.Dataset):
 
     Raises (when iterated):
       InvalidArgumentError: a sampled item whose columns are not timestep-shaped (squeezed, or of different
-        lengths).
+        lengths); its data shapes are checked as `TrajectoryDataset` checks them.
     """
 
     def __init__(self, server_address: Union[str, tf.Tensor], table: Union[str, tf.Tensor], dtypes: Any,

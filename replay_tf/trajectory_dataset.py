@@ -227,6 +227,10 @@ class TrajectoryDataset(tf.data.Dataset):
                                  f"requested dtype={dtype.name} shape={shape}, but the table signature has "
                                  f"{spec}")
 
+    def _check_item(self, item) -> None:
+        """Raises ValueError for an item this dataset cannot yield (checked before its columns; only for
+        samples of variable shapes, yielded one by one)."""
+
     def _signature_shapes(self) -> list:
         """The column shapes a table signature must be compatible with (`TimestepDataset`'s are timesteps)."""
         return self._column_shapes
@@ -366,6 +370,7 @@ class TrajectoryDataset(tf.data.Dataset):
                     yield self._stack(batch, pool)
                 else:  # variable shapes cannot be stacked: one sample per element
                     for sampled in batch:
+                        self._check_item(sampled.item)
                         cols = sampled.item.column_arrays()
                         self._check_columns(cols)
                         yield ReplaySample(_info_arrays([sampled]), tree.unflatten_as(

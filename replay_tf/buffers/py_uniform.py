@@ -8,8 +8,9 @@ Differences from TF-Agents (deliberate): sampling an empty buffer, or `num_steps
 ValueError (TF-Agents returns uninitialized arrays, or numpy's error about `randint`); `gather_all` returns
 the items held, oldest first, shaped `[1, size, ...]` as `TFUniformReplayBuffer`'s (TF-Agents returns all
 `capacity` slots in storage order, zeros where nothing was written); `add_batch` names the leaf whose shape
-or dtype does not fit (TF-Agents lets numpy cast floats into integer storage); `num_frames` is the number
-of items held (TF-Agents raises NotImplementedError).
+does not fit, or whose values the storage dtype would change (floats into integer storage, integers out of
+its range: TF-Agents lets numpy truncate or wrap them); `num_frames` is the number of items held (TF-Agents
+raises NotImplementedError).
 """
 from __future__ import annotations
 
@@ -20,6 +21,24 @@ import numpy as np
 import tensorflow as tf
 
 from replay_tf import specs
+
+
+def _check_cast(where: str, leaf: np.ndarray, dtype: np.dtype) -> None:
+    """ValueError unless storing `leaf` as `dtype` keeps its values: no float (or complex) into integer or
+    bool storage, no complex into float, and integers only within the storage type's range (TF-Agents
+    stores whatever numpy's assignment makes of them: 300 as uint8 44, 1.5 as int 1)."""
+    src = leaf.dtype
+    if src == dtype or dtype.kind not in "biufc" or src.kind not in "biufc":
+        return
+    if (src.kind in "fc" and dtype.kind in "biu") or (src.kind == "c" and dtype.kind == "f"):
+        raise ValueError(f"{where} has dtype {src.name}, which does not fit the spec's {dtype.name} (values would "
+                         f"be truncated)")
+    if dtype.kind in "iu" and src.kind in "iu" and leaf.size:
+        info = np.iinfo(dtype)
+        low, high = leaf.min(), leaf.max()
+        if low < info.min or high > info.max:
+            raise ValueError(f"{where} has values in [{low}, {high}], outside the spec's {dtype.name} range "
+                             f"[{info.min}, {info.max}]")
 
 
 class PyUniformReplayBuffer:
@@ -75,7 +94,7 @@ class PyUniformReplayBuffer:
         Raises:
           NotImplementedError: an outer batch dimension other than 1 (as TF-Agents).
           TypeError: `items` not structured like `data_spec` (naming the first difference).
-          ValueError: a leaf of another shape, or of a dtype that does not cast safely to the spec's.
+          ValueError: a leaf of another shape, or whose values the spec's dtype would change (see `_check_cast`).
         """
         specs.assert_same_structure(items, self._data_spec)
         leaves = [np.asarray(leaf) for leaf in specs.flatten(items)]
@@ -87,9 +106,7 @@ class PyUniformReplayBuffer:
             if leaf.shape[1:] != shape:
                 raise ValueError(f"items{path[len('data_spec'):]} has shape {list(leaf.shape)}, expected "
                                  f"{[1, *shape]} (a batch of 1 of the spec's shape)")
-            if not np.can_cast(leaf.dtype, dtype, casting="same_kind"):
-                raise ValueError(f"items{path[len('data_spec'):]} has dtype {leaf.dtype.name}, which does not cast "
-                                 f"safely to the spec's {dtype.name}")
+            _check_cast(f"items{path[len('data_spec'):]}", leaf, dtype)
         with self._lock:
             index = self._cur_id
             for array, leaf in zip(self._storage, leaves):

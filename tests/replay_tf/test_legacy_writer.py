@@ -183,6 +183,7 @@ def test_a_writer_collected_unclosed_still_sends_its_items(client, caplog):
     del writer
     gc.collect()
     assert "deleted without calling .close" in caplog.text
+    assert client.server_info()["q"].current_size == 1  # (before sampling, which would wait for it)
     assert [s.data[0].tolist() for s in client.sample("q", 1, emit_timesteps=False)] == [[5]]
 
 
@@ -206,3 +207,26 @@ def test_flush_waits_until_the_server_holds_the_items(remote, monkeypatch):
     assert server.table("q").info.current_size == 1
     writer.close()
     server.stop()
+
+
+def test_closing_inside_the_with_block_and_a_failing_constructor(client):
+    from replay_tf.legacy_writer import Writer  # noqa: PLC0415
+
+    # dm-reverb: leaving the block flushes a closed writer, RuntimeError ("Calling method Flush after Close").
+    with pytest.raises(RuntimeError, match="Close has been called"):
+        with client.writer(2) as writer:
+            writer.append(np.int32(1))
+            writer.create_item("q", 1, 1.0)
+            writer.close()
+    assert client.server_info()["q"].current_size == 1
+
+    class Stream:
+        closed = False
+
+        def close(self):
+            self.closed = True
+
+    stream = Stream()
+    with pytest.raises(ValueError, match="num_keep_alive_refs"):
+        Writer(stream, 0, False, 1, None)  # (Client.writer checks first; the writer cleans up anyway)
+    assert stream.closed

@@ -104,7 +104,7 @@ def test_errors_name_what_is_wrong():
         rb.add_batch((np.zeros([2, 2], np.float32), {"b": np.array([1, 2])}))
     with pytest.raises(ValueError, match=r"items\[0\] has shape \[1, 3\], expected \[1, 2\]"):
         rb.add_batch((np.zeros([1, 3], np.float32), {"b": np.array([1])}))
-    with pytest.raises(ValueError, match=r"items\[1\]\['b'\] has dtype float64.*int64"):
+    with pytest.raises(ValueError, match=r"items\[1\]\['b'\] has dtype float64.*int64.*truncated"):
         rb.add_batch((np.zeros([1, 2], np.float32), {"b": np.array([1.5])}))
     with pytest.raises(TypeError, match="structure mismatch"):
         rb.add_batch((np.zeros([1, 2], np.float32),))
@@ -112,3 +112,18 @@ def test_errors_name_what_is_wrong():
         replay_tf.PyUniformReplayBuffer(tf.TensorSpec([None], tf.float32), 3)
     with pytest.raises(NotImplementedError, match="single_deterministic_pass"):
         rb.as_dataset(single_deterministic_pass=True)
+
+
+def test_integers_and_bools_are_stored_when_their_values_fit():
+    # Default-int64 arrays into uint8 or bool storage are common (images, flags): kept when the values fit.
+    rb = replay_tf.PyUniformReplayBuffer({"image": tf.TensorSpec([2], tf.uint8), "done": tf.TensorSpec([], tf.bool),
+                                          "x": tf.TensorSpec([], tf.float32)}, 4)
+    rb.add_batch({"image": np.array([[0, 255]]), "done": np.array([1]), "x": np.array([0.5])})
+    rb.add_batch({"image": np.array([[7, 8]]), "done": np.array([False]), "x": np.array([2])})
+    data = rb.gather_all()
+    assert data["image"].dtype == np.uint8 and data["image"].tolist() == [[[0, 255], [7, 8]]]
+    assert data["done"].tolist() == [[True, False]] and data["x"].tolist() == [[0.5, 2.0]]
+    with pytest.raises(ValueError, match=r"items\['image'\] has values in \[0, 300\], outside the spec's uint8 "
+                                         r"range \[0, 255\]"):
+        rb.add_batch({"image": np.array([[0, 300]]), "done": np.array([0]), "x": np.array([0.0])})
+    assert int(rb.size) == 2

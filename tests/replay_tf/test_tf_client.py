@@ -43,13 +43,13 @@ emit("second", listed(step(tf.constant(5, tf.int64))))
     "update_priorities": _SETUP + """
 for i in range(3):
     client.insert(np.int32(i), {"p": 1.0})
-keys = {int(s.data[0][0]): s.info.key for s in client.sample("p", 30, emit_timesteps=False)}
+keys = {int(s.data[0][0]): s.info.key for s in client.sample("p", 100, emit_timesteps=False)}
 tf_client.update_priorities("p", tf.constant([keys[1], 12345], tf.uint64), tf.constant([0.5, 9.0], tf.float64))
 @tf.function
 def update(key, priority):
     tf_client.update_priorities("p", key, priority)
 update(tf.constant([keys[2]], tf.uint64), tf.constant([4.0], tf.float64))
-info = {int(s.data[0][0]): float(s.info.priority) for s in client.sample("p", 30, emit_timesteps=False)}
+info = {int(s.data[0][0]): float(s.info.priority) for s in client.sample("p", 300, emit_timesteps=False)}
 emit("priorities", sorted(info.items()))
 """,
     # An item's first timestep, as dm-reverb's op returns it; an item of squeezed columns whole.
@@ -71,6 +71,37 @@ try:
     tf_client.sample("q", [tf.float32])
 except tf.errors.InvalidArgumentError as e:
     emit("wrong_dtype", "an InvalidArgumentError")
+""",
+    # Items of squeezed (vector) columns come back whole; columns of other lengths cannot be split.
+    "squeezed_and_ragged_items": _SETUP + """
+with client.trajectory_writer(3) as writer:
+    for i in range(3):
+        writer.append({"a": np.arange(3, dtype=np.int32) + i, "b": np.float32(i)})
+    writer.create_item("q", 1.0, {"a": writer.history["a"][-1], "b": writer.history["b"][-1]})
+    writer.create_item("q", 1.0, {"a": writer.history["a"][-2:], "b": writer.history["b"][-3:]})
+    writer.create_item("q", 1.0, {"a": writer.history["a"][-2:], "b": writer.history["b"][-1]})
+emit("squeezed", listed(tf_client.sample("q", {"a": tf.int32, "b": tf.float32}))["data"])
+for name in ("ragged", "mixed"):
+    try:
+        tf_client.sample("q", {"a": tf.int32, "b": tf.float32})
+        emit(name, "no error")
+    except tf.errors.InvalidArgumentError:
+        emit(name, "an InvalidArgumentError")
+""",
+    # Op errors, eagerly: an unknown table, keys and priorities of other shapes.
+    "op_errors": _SETUP + """
+for name, call in [
+        ("sample", lambda: tf_client.sample("nope", [tf.int32])),
+        ("update", lambda: tf_client.update_priorities("nope", tf.constant([1], tf.uint64),
+                                                       tf.constant([1.0], tf.float64))),
+        ("insert", lambda: tf_client.insert([tf.constant(1)], tf.constant(["nope"]), tf.constant([1.0], tf.float64))),
+        ("shapes", lambda: tf_client.update_priorities("p", tf.constant([[1, 2]], tf.uint64),
+                                                       tf.constant([1.0, 2.0], tf.float64)))]:
+    try:
+        call()
+        emit(name, "no error")
+    except tf.errors.OpError as e:
+        emit(name, [c.__name__ for c in type(e).__mro__ if c.__module__.startswith("tensorflow")][0])
 """,
     "argument_errors": _SETUP + """
 for tables, priorities in [(tf.constant("q"), tf.constant([1.0], tf.float64)),

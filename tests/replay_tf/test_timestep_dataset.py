@@ -101,4 +101,11 @@ def test_over_grpc_and_items_that_are_not_timesteps(monkeypatch):
                                      max_in_flight_samples_per_worker=1, max_samples=1)
     with pytest.raises(tf.errors.InvalidArgumentError, match="same number of timesteps"):
         list(dataset)
+    with client.trajectory_writer(2) as writer:  # a squeezed vector column: not 3 timesteps
+        writer.append({"a": np.arange(3, dtype=np.int32)})
+        writer.create_item("q", 1.0, {"a": writer.history["a"][-1]})
+    dataset = reverb.TimestepDataset(address, "q", dtypes={"a": tf.int32}, shapes={"a": []},
+                                     max_in_flight_samples_per_worker=1, max_samples=1)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"cannot be decomposed into timesteps.*squeezed"):
+        list(dataset)
     server.stop()

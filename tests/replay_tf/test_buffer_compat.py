@@ -256,3 +256,17 @@ def test_prioritized_sample_batch_size_zero_gives_an_empty_batch():
     assert got["2/info"] == [[[0, 2], "int64"], [[0], "float32"], [[0], "float32"]]  # ids, probabilities, weights
     with pytest.raises(ValueError, match=r"sample_batch_size \(-1\) must be >= 0"):
         replay_tf.PrioritizedReplayBuffer(tf.TensorSpec([], tf.int32), 1, 2).get_next(sample_batch_size=-1)
+
+
+@pytest.mark.peer
+def test_the_classes_of_tf_agents_buffer_modules_are_here(peer):
+    # `from tf_agents.replay_buffers import tf_uniform_replay_buffer` becomes `import replay_tf as
+    # tf_uniform_replay_buffer`: every class those modules define must be a name of replay_tf.
+    modules = ["tf_agents.replay_buffers.tf_uniform_replay_buffer", "tf_agents.replay_buffers.py_uniform_replay_buffer"]
+    out = peer.run("import importlib\nfor name in INPUTS['modules']:\n"
+                   "    m = importlib.import_module(name)\n"
+                   "    emit(name, sorted(n for n, v in vars(m).items()\n"
+                   "                      if not n.startswith('_') and getattr(v, '__module__', None) == name))",
+                   {"modules": modules})
+    assert out[modules[0]] == ["BufferInfo", "TFUniformReplayBuffer"] and out[modules[1]] == ["PyUniformReplayBuffer"]
+    assert [n for names in out.values() for n in names if not hasattr(replay_tf, n)] == []

@@ -106,3 +106,17 @@ def test_is_valid_rlds_dataset_without_steps():
 def test_doctests():
     result = doctest.testmod(rlds_types)
     assert result.attempted > 0 and result.failed == 0
+
+
+@pytest.mark.peer
+def test_every_public_name_of_rlds_is_here(peer):
+    import importlib  # noqa: PLC0415
+
+    modules = ["rlds", "rlds.transformations", "rlds.tfds", "rlds.metadata"]
+    out = peer.run("import importlib\nfor name in INPUTS['modules']:\n"
+                   "    emit(name, sorted(n for n in dir(importlib.import_module(name)) if not n.startswith('_')))",
+                   {"modules": modules})
+    assert sorted(out) == sorted(modules) and "pattern_map" in out["rlds.transformations"]
+    for name, names in out.items():
+        ours = importlib.import_module("rlds_tf" + name[len("rlds"):])
+        assert [n for n in names if not hasattr(ours, n)] == [], name

@@ -10,6 +10,7 @@ from replay_tf.buffers import BufferInfo
 from replay_tf.buffers import PrioritizedBufferInfo
 from replay_tf.buffers import PrioritizedReplayBuffer
 from replay_tf.buffers import PyUniformReplayBuffer
+from replay_tf.buffers import ReplayBuffer
 from replay_tf.buffers import TFUniformReplayBuffer
 from replay_tf.buffers import UniformReplayBuffer
 
@@ -52,6 +53,7 @@ __all__ = [
     "PrioritizedBufferInfo",
     "PrioritizedReplayBuffer",
     "PyUniformReplayBuffer",
+    "ReplayBuffer",
     "TFUniformReplayBuffer",
     "UniformReplayBuffer",
     # --- replay server ---

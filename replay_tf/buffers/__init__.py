@@ -3,6 +3,7 @@ Python buffer on numpy arrays (`PyUniformReplayBuffer`)."""
 from replay_tf.buffers.prioritized import PrioritizedBufferInfo
 from replay_tf.buffers.prioritized import PrioritizedReplayBuffer
 from replay_tf.buffers.py_uniform import PyUniformReplayBuffer
+from replay_tf.buffers.replay_buffer import ReplayBuffer
 from replay_tf.buffers.uniform import BufferInfo
 from replay_tf.buffers.uniform import TFUniformReplayBuffer
 from replay_tf.buffers.uniform import UniformReplayBuffer
@@ -14,6 +15,7 @@ __all__ = [
     "PrioritizedBufferInfo",
     "PrioritizedReplayBuffer",
     "PyUniformReplayBuffer",
+    "ReplayBuffer",
     "TFUniformReplayBuffer",
     "UniformReplayBuffer",
     "end_of_episode_from_is_last",

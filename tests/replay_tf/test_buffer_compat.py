@@ -262,11 +262,13 @@ def test_prioritized_sample_batch_size_zero_gives_an_empty_batch():
 def test_the_classes_of_tf_agents_buffer_modules_are_here(peer):
     # `from tf_agents.replay_buffers import tf_uniform_replay_buffer` becomes `import replay_tf as
     # tf_uniform_replay_buffer`: every class those modules define must be a name of replay_tf.
-    modules = ["tf_agents.replay_buffers.tf_uniform_replay_buffer", "tf_agents.replay_buffers.py_uniform_replay_buffer"]
+    modules = ["tf_agents.replay_buffers.tf_uniform_replay_buffer", "tf_agents.replay_buffers.py_uniform_replay_buffer",
+               "tf_agents.replay_buffers.replay_buffer"]
     out = peer.run("import importlib\nfor name in INPUTS['modules']:\n"
                    "    m = importlib.import_module(name)\n"
                    "    emit(name, sorted(n for n, v in vars(m).items()\n"
                    "                      if not n.startswith('_') and getattr(v, '__module__', None) == name))",
                    {"modules": modules})
     assert out[modules[0]] == ["BufferInfo", "TFUniformReplayBuffer"] and out[modules[1]] == ["PyUniformReplayBuffer"]
+    assert out[modules[2]] == ["ReplayBuffer"]
     assert [n for names in out.values() for n in names if not hasattr(replay_tf, n)] == []

@@ -65,11 +65,12 @@ class Writer:
     def __exit__(self, exc_type, exc_value, tb) -> None:
         # Flushes (RuntimeError if `close` was called in the block, as Reverb's), then closes; after a
         # ReverbError (the server failed the stream) it only closes, without waiting on the server again.
-        flush = exc_type is None or not issubclass(exc_type, errors.ReverbError)
-        if flush:
-            self.flush()
-        if not self._closed:
-            self._close(flush)
+        try:
+            if exc_type is None or not issubclass(exc_type, errors.ReverbError):
+                self.flush()
+        finally:
+            if not self._closed:
+                self._close(flush=False)  # (flushed above, or not to be)
 
     def __del__(self):
         if self._closed or self._writer is None or sys.is_finalizing():
@@ -77,13 +78,10 @@ class Writer:
         _log.warning("Writer-object deleted without calling .close explicitly.")
         # As Reverb, the pending items are still sent, but the collector never waits long for a server
         # that is gone (an explicit `close` or `flush` waits as long as it takes).
-        self._closed = True
         try:
-            self._writer.flush(timeout_ms=_DELETE_FLUSH_TIMEOUT_MS)
+            self._close(flush=True, timeout_ms=_DELETE_FLUSH_TIMEOUT_MS)
         except Exception:  # noqa: BLE001  (its server gone or slow: the items are dropped)
             pass
-        finally:
-            self._writer.close()
 
     def __repr__(self) -> str:
         return (f"Writer(max_sequence_length={self._max_sequence_length}, chunk_length={self._chunk_length}), "
@@ -155,11 +153,11 @@ class Writer:
             raise ValueError("close() has already been called on Writer.")
         self._close(flush=True)
 
-    def _close(self, flush: bool) -> None:
+    def _close(self, flush: bool, timeout_ms: Optional[int] = None) -> None:
         self._closed = True
         try:
             if flush:
-                self._writer.flush()
+                self._writer.flush(timeout_ms=timeout_ms)
         finally:
             self._writer.close()
 

@@ -49,12 +49,8 @@ def _as_op_errors(unknown_table=_NotFound):
     try:
         yield
     except errors.TableNotFoundError as e:
-        if isinstance(e, tf.errors.OpError):
-            raise
         raise unknown_table(str(e)) from None
     except errors.DeadlineExceededError as e:
-        if isinstance(e, tf.errors.OpError):
-            raise
         raise _DeadlineExceeded(str(e)) from None
 
 

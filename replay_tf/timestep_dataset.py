@@ -14,6 +14,7 @@ import tree
 from replay_tf.trajectory_dataset import ReplaySample
 from replay_tf.trajectory_dataset import SampleInfo
 from replay_tf.trajectory_dataset import TrajectoryDataset
+from replay_tf.trajectory_dataset import table_signature
 
 
 class _Items(TrajectoryDataset):
@@ -69,15 +70,7 @@ class TimestepDataset(tf.data.Dataset):
           ValueError: The server has no such table, or the table no signature.
           DeadlineExceededError: `get_signature_timeout_secs` ran out.
         """
-        from replay_tf.client import Client  # noqa: PLC0415
-
-        info = Client(server_address).server_info(get_signature_timeout_secs)
-        if table not in info:
-            raise ValueError(f"Server at {server_address} does not contain any table named {table}. Found: "
-                             f"{', '.join(sorted(info))}.")
-        signature = info[table].signature
-        if not signature:
-            raise ValueError(f"Table {table} at {server_address} does not have a signature.")
+        signature = table_signature(server_address, table, get_signature_timeout_secs)
         return cls(server_address, table, dtypes=tree.map_structure(lambda x: x.dtype, signature),
                    shapes=tree.map_structure(lambda x: x.shape, signature),
                    max_in_flight_samples_per_worker=max_in_flight_samples_per_worker,

@@ -72,6 +72,24 @@ class ReplaySample(NamedTuple):
     data: Any
 
 
+def table_signature(server_address: str, table: str, timeout_secs: Optional[int]) -> Any:
+    """The signature of `table` at `server_address` (what `from_table_signature` builds datasets of).
+
+    Raises:
+      ValueError: The server has no such table, or the table no signature.
+      DeadlineExceededError: `timeout_secs` ran out.
+    """
+    from replay_tf.client import Client  # noqa: PLC0415
+
+    info = Client(server_address).server_info(timeout_secs)
+    if table not in info:
+        raise ValueError(f"Server at {server_address} does not contain any table named {table}. Found: "
+                         f"{', '.join(sorted(info.keys()))}.")
+    if not info[table].signature:
+        raise ValueError(f"Table {table} at {server_address} does not have a signature.")
+    return info[table].signature
+
+
 def _lists_to_tuples(structure: Any) -> Any:
     if isinstance(structure, list):
         return tuple(_lists_to_tuples(x) for x in structure)
@@ -177,15 +195,7 @@ class TrajectoryDataset(tf.data.Dataset):
                              max_samples: int = -1, *, stacked_samples: Optional[bool] = None
                              ) -> "TrajectoryDataset":
         """A dataset whose dtypes and shapes come from the table's signature."""
-        from replay_tf.client import Client  # noqa: PLC0415
-
-        info = Client(server_address).server_info(get_signature_timeout_secs)
-        if table not in info:
-            raise ValueError(f"Server at {server_address} does not contain any table named {table}. Found: "
-                             f"{', '.join(sorted(info.keys()))}.")
-        if not info[table].signature:
-            raise ValueError(f"Table {table} at {server_address} does not have a signature.")
-        signature = info[table].signature
+        signature = table_signature(server_address, table, get_signature_timeout_secs)
         return cls(server_address=server_address, table=table,
                    shapes=tree.map_structure(lambda x: x.shape, signature),
                    dtypes=tree.map_structure(lambda x: x.dtype, signature),

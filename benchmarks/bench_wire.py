@@ -7,8 +7,10 @@ and `TrajectoryDataset.from_table_signature(...).batch(256)` samples/s (and samp
 client process, all threads: robust under load, but it leaves out the server's work), for the four pairs
 {our server, dm-reverb server} x {our client, dm-reverb client}. The reference is dm-reverb server with
 dm-reverb client; the mixed pairs are reported beside it. Our client asks servers on this machine for
-stacked samples (rl-data-tf's extension, which only our server implements); ours -> ours sampling is also
-reported without it (`stacked_samples=False`, Reverb's protocol as is). The `floor:` rows measure gRPC Python receiving the
+stacked samples (rl-data-tf's extension, which only our server implements), and our server gathers them
+into the client's shared memory (the same-machine extension, `replay_tf._shared_memory`); ours -> ours
+sampling is also reported without shared memory (`REPLAY_TF_SHARED_MEMORY=0`) and without either
+(`stacked_samples=False`, Reverb's protocol as is). The `floor:` rows measure gRPC Python receiving the
 same `SampleStream` responses (from the dm-reverb server) and protobuf parsing them, nothing decoded: the
 least any Python client built on grpcio and protobuf can spend per sample.
 
@@ -99,14 +101,24 @@ class _ServerProcess:
 
 
 def _run_our_client(address: str, entries_too: bool = False) -> dict:
-    """The workload with our client; with `entries_too`, its sampling once more as Reverb's protocol has it
-    (`stacked_samples=False`: one entry per sample, no stacked responses) as `{spec}/sample_entries[_cpu]`."""
+    """The workload with our client; with `entries_too`, its sampling twice more: stacked but without shared
+    memory (`REPLAY_TF_SHARED_MEMORY=0`: every response through gRPC) as `{spec}/sample_inline[_cpu]`, and as
+    Reverb's protocol has it (`stacked_samples=False`: one entry per sample, no stacked responses) as
+    `{spec}/sample_entries[_cpu]`."""
     import replay_tf as reverb  # noqa: PLC0415
+    from replay_tf import _shared_memory  # noqa: PLC0415
 
     out: dict = {}
     scope = {"reverb": reverb, "ADDRESS": address, "SPECS": SPECS, "NUM_STEPS": NUM_STEPS, "emit": out.__setitem__}
     exec(textwrap.dedent(CLIENT), scope)  # noqa: S102  (our own benchmark code)
     if entries_too:
+        os.environ[_shared_memory.ENV] = "0"
+        try:
+            for spec_name, (obs_shape, num_batches) in SPECS.items():
+                rate, per_cpu = scope["sample_rate"](address, f"t_{spec_name}", obs_shape, num_batches)
+                out[f"{spec_name}/sample_inline"], out[f"{spec_name}/sample_inline_cpu"] = rate, per_cpu
+        finally:
+            del os.environ[_shared_memory.ENV]
         entries_only = types.SimpleNamespace(TrajectoryDataset=types.SimpleNamespace(
             from_table_signature=functools.partial(reverb.TrajectoryDataset.from_table_signature,
                                                    stacked_samples=False)))
@@ -217,7 +229,10 @@ def main() -> None:
                 rows.append(row(f"{client_kind[:6]}->{server_kind[:6]} {spec_name} {what}", unit, key,
                                 lambda results, floor, pair=(server_kind, client_kind): results[pair].get(key)))
             entries_key = f"{spec_name}/{metric.replace('sample', 'sample_entries')}"
-            if metric != "insert":  # ours -> ours without the stacked extension
+            inline_key = f"{spec_name}/{metric.replace('sample', 'sample_inline')}"
+            if metric != "insert":  # ours -> ours without shared memory, and without the stacked extension
+                rows.append(row(f"ours->ours {spec_name} {what}, no shared memory (REPLAY_TF_SHARED_MEMORY=0)",
+                                unit, key, lambda results, floor: results.get(("ours", "ours"), {}).get(inline_key)))
                 rows.append(row(f"ours->ours {spec_name} {what}, Reverb's protocol (stacked_samples=False)", unit, key,
                                 lambda results, floor: results.get(("ours", "ours"), {}).get(entries_key)))
                 # The transport's floor beside the dataset rows.

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import collections
+import logging
 import queue
 import threading
 from typing import Optional
@@ -10,6 +11,7 @@ import grpc
 
 from replay_tf import _grpc_common as common
 from replay_tf import _malloc
+from replay_tf import _shared_memory
 from replay_tf import _stacking
 from replay_tf import errors
 from replay_tf.core import chunk_store as chunk_store_lib
@@ -17,6 +19,8 @@ from replay_tf.core import table as table_lib
 from replay_tf.wire import codec
 from replay_tf.wire import reverb_service_pb2
 from replay_tf.wire import schema_pb2
+
+_log = logging.getLogger(__name__)
 
 
 class _ChunkCache(collections.OrderedDict):
@@ -35,11 +39,13 @@ class SampleStream:
 
     With `stacked`, the call asks for rl-data-tf's extension: the server may send whole responses of
     samples stacked per column, which `next_batch` hands out as `_stacking.StackedSamples` among the
-    `SampledItem`s (Reverb servers ignore the request field and send entries)."""
+    `SampledItem`s (Reverb servers ignore the request field and send entries). With `shared_memory` too, each
+    call offers the server a segment of shared memory for those responses (`_shared_memory`; servers on
+    other machines, and Reverb servers, send them inline)."""
 
     def __init__(self, channel: grpc.Channel, table: str, num_samples_per_request: int,
                  rate_limiter_timeout_ms: Optional[int], max_samples_per_stream: Optional[int],
-                 max_samples: Optional[int] = None, stacked: bool = False):
+                 max_samples: Optional[int] = None, stacked: bool = False, shared_memory: bool = False):
         if num_samples_per_request < 1:
             raise ValueError(f"num_samples_per_request ({num_samples_per_request}) must be >= 1")
         self._method = channel.stream_stream(common.SERVICE + "SampleStream", request_serializer=common.identity,
@@ -53,16 +59,20 @@ class SampleStream:
             timeout = 1  # Reverb servers read 0 as "wait forever"; the caller asked not to wait
         self._timeout_ms = timeout
         self._stacked = stacked
+        self._shared_memory = stacked and shared_memory and _shared_memory.enabled()
+        self._ring: Optional[_shared_memory.ClientRing] = None
         self._count = _stacking.count_samples if stacked else len
         self._requests: Optional[queue.Queue] = None
         self._results: Optional[queue.Queue] = None
         self._call = None
         self._state: Optional[_CallState] = None
 
-    def _request(self, count: int) -> bytes:
+    def _request(self, count: int, ring: Optional[_shared_memory.ClientRing] = None) -> bytes:
         request = reverb_service_pb2.SampleStreamRequest(table=self._table, num_samples=count,
                                                          replay_tf_stacked=self._stacked)
         request.rate_limiter_timeout.milliseconds = self._timeout_ms
+        if ring is not None:
+            request.replay_tf_shared_memory.CopyFrom(ring.offer())
         return request.SerializeToString()
 
     def _open(self) -> None:
@@ -71,6 +81,7 @@ class SampleStream:
         self._results = queue.Queue()
         requests, results = self._requests, self._results
         state = self._state = _CallState()
+        ring = self._ring = self._new_ring()
 
         def iterate():
             while True:
@@ -87,9 +98,19 @@ class SampleStream:
         # while the caller stacks. `next_batch` hands out every sample that has arrived.
         count = self._next_count(0)
         self._spend(count)
-        requests.put(self._request(count))
-        threading.Thread(target=self._read, args=(call, requests, results, state, count),
+        requests.put(self._request(count, ring))
+        threading.Thread(target=self._read, args=(call, requests, results, state, count, ring),
                          name="replay_tf-sample-stream", daemon=True).start()
+
+    def _new_ring(self) -> Optional[_shared_memory.ClientRing]:
+        """A shared-memory segment to offer this call's server, if this stream uses them and one can be made."""
+        if not self._shared_memory:
+            return None
+        try:
+            return _shared_memory.ClientRing()
+        except OSError as e:  # (e.g. /dev/shm full: the samples come inline)
+            _log.debug("no shared memory for sample stream of table '%s': %s", self._table, e)
+            return None
 
     def _next_count(self, stream_samples: int) -> int:
         """Samples to ask for next on a call that has received `stream_samples` (0: re-open the call)."""
@@ -104,12 +125,21 @@ class SampleStream:
         if self._budget is not None:
             self._budget -= count
 
-    def _read(self, call, requests: queue.Queue, results: queue.Queue, state: "_CallState", asked: int) -> None:
+    def _read(self, call, requests: queue.Queue, results: queue.Queue, state: "_CallState", asked: int,
+              ring: Optional[_shared_memory.ClientRing]) -> None:
         partial: list = [None]  # (info, {chunk key: Chunk}) of a sample split over responses
         cache = _ChunkCache()  # this call's decoded chunks
         received = stream_samples = 0
         try:
             for raw in call:
+                if ring is not None:
+                    ring.unlink()  # (the server has mapped it, or never will)
+                    if raw[:2] == _TAG_SHARED_SLOT:
+                        slot = reverb_service_pb2.SampleStreamResponse.FromString(raw).replay_tf_shared_slot
+                        raw = ring.take(slot.slot, slot.size)
+                        if raw[:2] != _stacking.TAG_RESPONSE_STACKED:
+                            raise errors.ReverbError("SampleStream wrote a response other than stacked samples "
+                                                     "into shared memory")
                 stacked = _stacking.read_stacked_response(raw) if self._stacked else None
                 if stacked is not None and partial[0] is None:
                     batch = [stacked]
@@ -226,6 +256,8 @@ class SampleStream:
         return entry
 
     def _samples(self, response, partial: list, cache) -> list:
+        if response.HasField("replay_tf_shared_slot"):
+            raise errors.ReverbError("SampleStream sent a shared-memory slot, which this stream did not offer")
         if response.HasField("replay_tf_stacked"):
             if not self._stacked:
                 raise errors.ReverbError("SampleStream sent stacked samples, which this stream did not ask for")
@@ -266,6 +298,9 @@ class SampleStream:
             except Exception:  # noqa: BLE001  (grpc may already be torn down at interpreter exit)
                 pass
             self._call = None
+        if self._ring is not None:
+            self._ring.close()
+            self._ring = None
 
 
 class _CallState:
@@ -277,6 +312,7 @@ class _CallState:
         self.closed = False
 
 
+_TAG_SHARED_SLOT = b"\xca\x3e"  # SampleStreamResponse.replay_tf_shared_slot = 1001
 _REOPEN = object()  # the reader's marker: max_samples_per_stream reached, open a new call
 
 

@@ -13,7 +13,8 @@ Implements `replay_tf.client.Transport` over `deepmind.reverb.ReverbService`:
     `next_batch` hands out every complete sample received so far (up to the request) as one flexible
     batch. Chunks are decoded once per call (a cache by chunk key that keeps a grown chunk's longest
     version; a slice of a cached chunk is read from there, its copy in the response only named) and
-    samples are core `Item`s, so everything built on the in-process path works unchanged.
+    samples are core `Item`s, so everything built on the in-process path works unchanged. Stacked sample
+    streams to a loopback address offer the server shared memory for their responses (`_shared_memory`).
 
 gRPC failures become Reverb's Python errors: DEADLINE_EXCEEDED -> `DeadlineExceededError`,
 INVALID_ARGUMENT / NOT_FOUND / FAILED_PRECONDITION -> `ValueError`, others -> `ReverbError`.
@@ -24,6 +25,7 @@ from typing import Any, Dict, Optional
 
 import grpc
 
+from replay_tf import _addresses
 from replay_tf import _grpc_common as common
 from replay_tf import _grpc_insert
 from replay_tf import _grpc_sample
@@ -44,6 +46,7 @@ class Transport:
     def __init__(self, server_address: str, *, channel_credentials: Optional[grpc.ChannelCredentials] = None,
                  auth_token: Optional[str] = None):
         self._address = server_address
+        self._loopback = _addresses.is_loopback_target(server_address)  # (stacked samples may use shared memory)
         if channel_credentials is None:
             channel = grpc.insecure_channel(server_address, options=common.CHANNEL_OPTIONS)
         else:
@@ -92,7 +95,8 @@ class Transport:
                            max_samples_per_stream: Optional[int] = None,
                            max_samples: Optional[int] = None, stacked: bool = False) -> _grpc_sample.SampleStream:
         return _grpc_sample.SampleStream(self._channel, table, num_samples_per_request, rate_limiter_timeout_ms,
-                                         max_samples_per_stream, max_samples, stacked)
+                                         max_samples_per_stream, max_samples, stacked,
+                                         shared_memory=self._loopback)
 
     def mutate_priorities(self, table: str, updates: list, deletes: list) -> None:
         request = reverb_service_pb2.MutatePrioritiesRequest(table=table, delete_keys=[int(k) for k in deletes])

@@ -241,7 +241,7 @@ _INFO_FIELDS = (("keys", 1, "<u8", "key"), ("priorities", 2, "<f8", "priority"),
                 ("table_sizes", 5, "<i8", "table_size"), ("rate_limited", 6, "u1", "rate_limited"))
 _TAG_COLUMN = b"\x3a"  # StackedSamples.columns = 7
 _MAX_RANK = 64  # TensorFlow's limit is 254; a column of more dimensions is not a sample batch
-_TAG_RESPONSE_STACKED = b"\xc2\x3e"  # SampleStreamResponse.replay_tf_stacked = 1000
+TAG_RESPONSE_STACKED = b"\xc2\x3e"  # SampleStreamResponse.replay_tf_stacked = 1000
 
 
 def _info_array(values, wire_dtype: str) -> np.ndarray:
@@ -250,20 +250,58 @@ def _info_array(values, wire_dtype: str) -> np.ndarray:
     return array.view(np.bool_) if wire_dtype == "u1" else array
 
 
+class StackedLayout:
+    """The serialized `SampleStreamResponse` whose `replay_tf_stacked` holds `sampled` (`SampledItem`s) with
+    columns of `layouts` (`column_layouts`), before the column contents are known: `size` bytes in all.
+
+    `join` makes the response of already stacked columns (`stack_items`), copying them once; `gather_into`
+    stacks the items' columns straight into a buffer (a shared-memory slot), copying them once too."""
+
+    def __init__(self, sampled: list, layouts: list):
+        n = len(sampled)
+        parts: list = []  # bytes, and in place of each column's content its (dtype, shape, nbytes)
+        for _, number, dtype, attribute in _INFO_FIELDS:
+            content = np.fromiter(map(operator.attrgetter(attribute), sampled), dtype, n).tobytes()
+            parts += [_raw.varint(number << 3 | 2), _raw.varint(len(content)), content]
+        for dtype, shape in layouts:
+            shape = (n, *shape)
+            nbytes = math.prod(shape) * dtype.itemsize
+            head = _raw.tensor_head(codec.dtype_enum(dtype), shape, nbytes)
+            parts += [_TAG_COLUMN, _raw.varint(len(head) + nbytes), head, (dtype, shape, nbytes)]
+        body = sum(len(p) if type(p) is bytes else p[2] for p in parts)
+        self._parts = [TAG_RESPONSE_STACKED, _raw.varint(body), *parts]
+        self.size = 2 + len(self._parts[1]) + body
+
+    def join(self, columns: list) -> bytes:
+        """The response, `columns` (shaped as the layouts say) copied in."""
+        contents = iter(columns)
+        return b"".join([p if type(p) is bytes else memoryview(next(contents).reshape(-1).view(np.uint8))
+                         for p in self._parts])
+
+    def gather_into(self, buffer: memoryview, items: list, tensors_of: TensorsOf, pending_of: PendingOf) -> bool:
+        """Writes the response into `buffer[:size]` (writable, at least `size` bytes), gathering column `i` of
+        `items[k]` into its row `k` (`gather_column`); False when some item does not fit the layouts (the
+        buffer is then partly written)."""
+        pos = i = 0
+        for part in self._parts:
+            if type(part) is bytes:
+                buffer[pos:pos + len(part)] = part
+                pos += len(part)
+                continue
+            dtype, shape, nbytes = part
+            out = np.frombuffer(buffer, dtype, math.prod(shape), pos).reshape(shape)
+            if any(len(item._columns) <= i for item in items) or not gather_column(items, i, out, tensors_of,
+                                                                                     pending_of):
+                return False
+            pos += nbytes
+            i += 1
+        return all(len(item._columns) == i for item in items)
+
+
 def stacked_response(sampled: list, columns: list) -> bytes:
     """A serialized `SampleStreamResponse` whose `replay_tf_stacked` holds `sampled` (`SampledItem`s) with
     their stacked `columns` (`stack_items`); the column contents are copied once, by the final join."""
-    n = len(sampled)
-    parts = []
-    for _, number, dtype, attribute in _INFO_FIELDS:
-        content = np.fromiter(map(operator.attrgetter(attribute), sampled), dtype, n).tobytes()
-        parts += [_raw.varint(number << 3 | 2), _raw.varint(len(content)), content]
-    for column in columns:
-        content = memoryview(column.reshape(-1).view(np.uint8))  # (a flat byte view: 0-size columns too)
-        head = _raw.tensor_head(codec.dtype_enum(column.dtype), column.shape, content.nbytes)
-        parts += [_TAG_COLUMN, _raw.varint(len(head) + content.nbytes), head, content]
-    size = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
-    return b"".join([_TAG_RESPONSE_STACKED, _raw.varint(size), *parts])
+    return StackedLayout(sampled, [(c.dtype, c.shape[1:]) for c in columns]).join(columns)
 
 
 def stacked_from_proto(proto) -> StackedSamples:
@@ -278,7 +316,7 @@ def read_stacked_response(raw: bytes) -> Optional[StackedSamples]:
     alone, packed info fields, columns of dtype, shape and content), read without protobuf: the columns are
     views of `raw` (protobuf would copy each twice). None for any other encoding (entries, fields repeated
     or unpacked, ...): parse those with protobuf. Errors as `stacked_from_proto`'s."""
-    if raw[:2] != _TAG_RESPONSE_STACKED:
+    if raw[:2] != TAG_RESPONSE_STACKED:
         return None
     try:
         size, pos = _raw.read_varint(raw, 2)

@@ -48,6 +48,7 @@ from google.protobuf import message as protobuf_message
 from replay_tf import _addresses
 from replay_tf import _grpc_common
 from replay_tf import _malloc
+from replay_tf import _shared_memory
 from replay_tf import _stacking
 from replay_tf import errors
 from replay_tf.core import chunk_store as chunk_store_lib
@@ -571,23 +572,33 @@ class ReverbServicer:
                 table.wake_waiters()
 
         context.add_callback(on_done)
-        for raw in request_iterator:
-            request = _parse(reverb_service_pb2.SampleStreamRequest, raw)
-            if request.num_samples <= 0:
-                raise _StatusError(grpc.StatusCode.INVALID_ARGUMENT,
-                                   f"num_samples ({request.num_samples}) must be > 0")
-            entry = self._entry(request.table)
-            sampling[:] = [entry.table]
-            timeout_ms = request.rate_limiter_timeout.milliseconds
-            # Reverb servers wait forever for timeouts <= 0 (missing, -1 or 0).
-            deadline = time.monotonic() + timeout_ms / 1000.0 if timeout_ms > 0 else None
-            remaining, batch_size = request.num_samples, _FIRST_SAMPLE_BATCH
-            responses = self._stacked_responses if request.replay_tf_stacked else self._responses
-            while remaining > 0:
-                batch = self._sample(entry.table, min(remaining, batch_size), deadline, context, cancelled)
-                remaining -= len(batch)
-                batch_size = min(batch_size * 2, _MAX_SAMPLE_BATCH)
-                yield from responses(entry, batch)
+        ring: Optional[_shared_memory.ServerRing] = None  # the client's shared memory, if it offered one
+        try:
+            for raw in request_iterator:
+                request = _parse(reverb_service_pb2.SampleStreamRequest, raw)
+                if request.num_samples <= 0:
+                    raise _StatusError(grpc.StatusCode.INVALID_ARGUMENT,
+                                       f"num_samples ({request.num_samples}) must be > 0")
+                entry = self._entry(request.table)
+                sampling[:] = [entry.table]
+                timeout_ms = request.rate_limiter_timeout.milliseconds
+                # Reverb servers wait forever for timeouts <= 0 (missing, -1 or 0).
+                deadline = time.monotonic() + timeout_ms / 1000.0 if timeout_ms > 0 else None
+                remaining, batch_size = request.num_samples, _FIRST_SAMPLE_BATCH
+                stacked = request.replay_tf_stacked
+                if stacked and ring is None and request.HasField("replay_tf_shared_memory"):
+                    ring = _shared_memory.ServerRing.attach(request.replay_tf_shared_memory)
+                while remaining > 0:
+                    batch = self._sample(entry.table, min(remaining, batch_size), deadline, context, cancelled)
+                    remaining -= len(batch)
+                    batch_size = min(batch_size * 2, _MAX_SAMPLE_BATCH)
+                    if stacked:
+                        yield from self._stacked_responses(entry, batch, ring, cancelled)
+                    else:
+                        yield from self._responses(entry, batch)
+        finally:
+            if ring is not None:
+                ring.close()
 
     @staticmethod
     def _sample(table: table_lib.Table, num_samples: int, deadline: Optional[float], context,
@@ -634,11 +645,13 @@ class ReverbServicer:
             fields.append(cached)
         return fields
 
-    def _stacked_responses(self, entry: _TableEntry, batch: list) -> Iterator[bytes]:
+    def _stacked_responses(self, entry: _TableEntry, batch: list, ring: Optional[_shared_memory.ServerRing],
+                           cancelled: threading.Event) -> Iterator[bytes]:
         """`_responses` for a client that asked for stacked samples (rl-data-tf's extension): each response
-        holds up to ~`_RESPONSE_TARGET_BYTES` of whole samples stacked per column. Samples whose columns
-        differ in count, dtype or shape are sent as entries, the standard way, and so is the rest of the
-        batch from a sample with a column that cannot be stacked (strings)."""
+        holds up to ~`_RESPONSE_TARGET_BYTES` of whole samples stacked per column, gathered straight into a
+        slot of the client's shared memory when it offered some (`ring`, see `_shared_memory`). Samples
+        whose columns differ in count, dtype or shape are sent as entries, the standard way, and so is the
+        rest of the batch from a sample with a column that cannot be stacked (strings)."""
         _malloc.keep_large_buffers_in_heap()  # each response is ~2 MiB of columns, then one message (see _malloc)
         tensors_of, pending_of = self._decoded_chunks.readers()
         start = 0
@@ -650,13 +663,26 @@ class ReverbServicer:
                 return
             per_sample = max(1, sum(dtype.itemsize * math.prod(shape) for dtype, shape in layouts))
             stop = min(len(batch), start + max(1, _RESPONSE_TARGET_BYTES // per_sample))
-            group = batch[start:stop]
-            columns = _stacking.stack_items([s.item for s in group], layouts, tensors_of, pending_of)
+            group, start = batch[start:stop], stop
+            items = [s.item for s in group]
+            layout = _stacking.StackedLayout(group, layouts)
+            if ring is not None and layout.size <= ring.slot_bytes:
+                acquired = ring.acquire(cancelled)
+                if acquired is None:
+                    raise _StatusError(grpc.StatusCode.CANCELLED, "the client closed the stream")
+                slot, buffer = acquired
+                fits = layout.gather_into(buffer, items, tensors_of, pending_of)
+                del buffer
+                if fits:
+                    yield ring.publish(slot, layout.size)
+                else:
+                    yield from self._responses(entry, group)
+                continue
+            columns = _stacking.stack_items(items, layouts, tensors_of, pending_of)
             if columns is None:
                 yield from self._responses(entry, group)
             else:
-                yield _stacking.stacked_response(group, columns)
-            start = stop
+                yield layout.join(columns)
 
     def _responses(self, entry: _TableEntry, batch: list) -> Iterator[bytes]:
         parts, size = [], 0

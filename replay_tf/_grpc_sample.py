@@ -60,14 +60,14 @@ class SampleStream:
         self._timeout_ms = timeout
         self._stacked = stacked
         self._shared_memory = stacked and shared_memory and _shared_memory.enabled()
-        self._ring: Optional[_shared_memory.ClientRing] = None
+        self._ring: Optional[_shared_memory.Ring] = None
         self._count = _stacking.count_samples if stacked else len
         self._requests: Optional[queue.Queue] = None
         self._results: Optional[queue.Queue] = None
         self._call = None
         self._state: Optional[_CallState] = None
 
-    def _request(self, count: int, ring: Optional[_shared_memory.ClientRing] = None) -> bytes:
+    def _request(self, count: int, ring: Optional[_shared_memory.Ring] = None) -> bytes:
         request = reverb_service_pb2.SampleStreamRequest(table=self._table, num_samples=count,
                                                          replay_tf_stacked=self._stacked)
         request.rate_limiter_timeout.milliseconds = self._timeout_ms
@@ -102,12 +102,12 @@ class SampleStream:
         threading.Thread(target=self._read, args=(call, requests, results, state, count, ring),
                          name="replay_tf-sample-stream", daemon=True).start()
 
-    def _new_ring(self) -> Optional[_shared_memory.ClientRing]:
+    def _new_ring(self) -> Optional[_shared_memory.Ring]:
         """A shared-memory segment to offer this call's server, if this stream uses them and one can be made."""
         if not self._shared_memory:
             return None
         try:
-            return _shared_memory.ClientRing()
+            return _shared_memory.Ring.create()
         except OSError as e:  # (e.g. /dev/shm full: the samples come inline)
             _log.debug("no shared memory for sample stream of table '%s': %s", self._table, e)
             return None
@@ -126,7 +126,7 @@ class SampleStream:
             self._budget -= count
 
     def _read(self, call, requests: queue.Queue, results: queue.Queue, state: "_CallState", asked: int,
-              ring: Optional[_shared_memory.ClientRing]) -> None:
+              ring: Optional[_shared_memory.Ring]) -> None:
         partial: list = [None]  # (info, {chunk key: Chunk}) of a sample split over responses
         cache = _ChunkCache()  # this call's decoded chunks
         received = stream_samples = 0

@@ -37,7 +37,7 @@ import stat
 import sys
 import threading
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 from replay_tf import errors
 from replay_tf.wire import reverb_service_pb2
@@ -60,88 +60,44 @@ def enabled() -> bool:
     return sys.platform.startswith("linux") and os.environ.get(ENV, "1") != "0" and os.path.isdir(DIRECTORY)
 
 
-class ClientRing:
-    """The client's segment: created and mapped here, offered to the server, read slot by slot."""
+class Ring:
+    """A segment of slots shared by a client and a server on one machine: `create` (the client: makes and
+    maps it, `offer`s it) or `attach` (the server: maps the offered one). The writer (the server, for
+    sample responses) `acquire`s a free slot, fills it, `publish`es it and sends its number; the reader
+    (the client) `take`s the slot's content, which frees it."""
 
-    def __init__(self, num_slots: Optional[int] = None, slot_bytes: Optional[int] = None):
-        self.num_slots = NUM_SLOTS if num_slots is None else num_slots
-        self.slot_bytes = SLOT_BYTES if slot_bytes is None else slot_bytes
-        self.name = "replay_tf-" + secrets.token_hex(16)
-        self._path: Optional[str] = os.path.join(DIRECTORY, self.name)
-        size = HEADER_BYTES + self.num_slots * self.slot_bytes
-        fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    def __init__(self, segment: mmap.mmap, num_slots: int, slot_bytes: int, name: str, path: Optional[str]):
+        self._map: Optional[mmap.mmap] = segment
+        self._view = memoryview(segment)
+        self.num_slots, self.slot_bytes = num_slots, slot_bytes
+        self.name = name
+        self._path = path  # (while the name exists and is ours to remove)
+        self._next = 0
+        self._lock = threading.Lock()
+
+    @classmethod
+    def create(cls, num_slots: Optional[int] = None, slot_bytes: Optional[int] = None) -> "Ring":
+        """A new segment (the client's side). Raises OSError when it cannot be made (e.g. /dev/shm full)."""
+        num_slots = NUM_SLOTS if num_slots is None else num_slots
+        slot_bytes = SLOT_BYTES if slot_bytes is None else slot_bytes
+        name = "replay_tf-" + secrets.token_hex(16)
+        path = os.path.join(DIRECTORY, name)
+        size = HEADER_BYTES + num_slots * slot_bytes
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             os.posix_fallocate(fd, 0, size)  # (ENOSPC here, rather than SIGBUS in the server later)
-            self._map: Optional[mmap.mmap] = mmap.mmap(fd, size)
+            segment = mmap.mmap(fd, size)
         except BaseException:
-            self.unlink()
+            os.unlink(path)
             raise
         finally:
             os.close(fd)
-        self._lock = threading.Lock()
-
-    def offer(self) -> reverb_service_pb2.SharedMemoryRing:
-        return reverb_service_pb2.SharedMemoryRing(name=self.name, num_slots=self.num_slots,
-                                                   slot_bytes=self.slot_bytes)
-
-    def unlink(self) -> None:
-        """Removes the segment's name (the server unlinks it when it maps it; this covers a server that
-        did not). The mappings stay valid."""
-        path, self._path = self._path, None
-        if path is not None:
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
-
-    def take(self, slot: int, size: int) -> bytes:
-        """A copy of the response in `slot` (its first `size` bytes); frees the slot for the server.
-
-        Raises:
-          errors.ReverbError: a slot or size out of the segment, or a slot the server has not filled.
-        """
-        with self._lock:
-            segment = self._map
-            if segment is None:
-                raise errors.ReverbError("SampleStream sent a shared-memory slot after the stream closed")
-            if not 0 <= slot < self.num_slots or not 0 < size <= self.slot_bytes:
-                raise errors.ReverbError(f"SampleStream sent shared-memory slot {slot} of {size} bytes, expected a "
-                                         f"slot below {self.num_slots} of 1 to {self.slot_bytes} bytes")
-            if segment[slot] != 1:
-                raise errors.ReverbError(f"SampleStream sent shared-memory slot {slot}, which the server did not "
-                                         f"mark as filled")
-            start = HEADER_BYTES + slot * self.slot_bytes
-            data = segment[start:start + size]  # (one copy: the slot is free again at once)
-            segment[slot] = 0
-            return data
-
-    def close(self) -> None:
-        self.unlink()
-        with self._lock:
-            segment, self._map = self._map, None
-        if segment is not None:
-            segment.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001  (interpreter shutdown)
-            pass
-
-
-class ServerRing:
-    """A server stream's view of a client's segment (`attach`), written slot by slot."""
-
-    def __init__(self, segment: mmap.mmap, num_slots: int, slot_bytes: int):
-        self._map = segment
-        self._view = memoryview(segment)
-        self.num_slots, self.slot_bytes = num_slots, slot_bytes
-        self._next = 0
+        return cls(segment, num_slots, slot_bytes, name, path)
 
     @classmethod
-    def attach(cls, offer: reverb_service_pb2.SharedMemoryRing) -> Optional["ServerRing"]:
-        """The segment `offer` names, if it is a valid segment of a client on this machine running as this
-        process's user; None otherwise (the stream then sends every response inline)."""
+    def attach(cls, offer: reverb_service_pb2.SharedMemoryRing) -> Optional["Ring"]:
+        """The segment `offer` names (the server's side), if it is a valid segment of a client on this
+        machine running as this process's user; None otherwise (the stream then stays inline)."""
         if not enabled():
             return None
         name, num_slots, slot_bytes = offer.name, offer.num_slots, offer.slot_bytes
@@ -167,17 +123,29 @@ class ServerRing:
             return None
         finally:
             os.close(fd)
-        try:
-            os.unlink(path)  # (mapped on both sides now: nothing to clean up whoever ends first)
-        except OSError:
-            pass
-        return cls(segment, num_slots, slot_bytes)
+        ring = cls(segment, num_slots, slot_bytes, name, path)
+        ring.unlink()  # (mapped on both sides now: nothing to clean up whoever ends first)
+        return ring
 
-    def acquire(self, cancelled: threading.Event) -> Optional[tuple]:
-        """`(slot, buffer)` of a free slot, waiting while none is; None once `cancelled` is set."""
+    def offer(self) -> reverb_service_pb2.SharedMemoryRing:
+        return reverb_service_pb2.SharedMemoryRing(name=self.name, num_slots=self.num_slots,
+                                                   slot_bytes=self.slot_bytes)
+
+    def unlink(self) -> None:
+        """Removes the segment's name; the mappings stay valid. The server does when it maps the segment,
+        the client once the server answered (it mapped it, or never will) and when it closes."""
+        path, self._path = self._path, None
+        if path is not None:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+
+    def acquire(self, cancelled: Callable[[], bool]) -> Optional[tuple]:
+        """`(slot, buffer)` of a free slot, waiting while none is; None once `cancelled()` is true."""
         segment, count = self._map, self.num_slots
         wait = _WAIT_S[0]
-        while not cancelled.is_set():
+        while not cancelled():
             slot = segment.find(b"\x00", self._next, count)
             if slot < 0:
                 slot = segment.find(b"\x00", 0, self._next)
@@ -189,15 +157,44 @@ class ServerRing:
             wait = min(wait * 2, _WAIT_S[1])
         return None
 
-    def publish(self, slot: int, size: int) -> bytes:
-        """Marks `slot` filled with a response of `size` bytes; returns the message that names it."""
+    def publish(self, slot: int) -> None:
+        """Marks `slot` filled: the reader may take it (send its number after this)."""
         self._map[slot] = 1
-        return reverb_service_pb2.SampleStreamResponse(
-            replay_tf_shared_slot=reverb_service_pb2.SharedSlot(slot=slot, size=size)).SerializeToString()
+
+    def take(self, slot: int, size: int) -> bytes:
+        """A copy of the content of `slot` (its first `size` bytes); frees the slot for the writer.
+
+        Raises:
+          errors.ReverbError: a slot or size out of the segment, or a slot the writer has not filled.
+        """
+        with self._lock:
+            segment = self._map
+            if segment is None:
+                raise errors.ReverbError("a shared-memory slot was named after the stream closed")
+            if not 0 <= slot < self.num_slots or not 0 < size <= self.slot_bytes:
+                raise errors.ReverbError(f"shared-memory slot {slot} of {size} bytes named, expected a slot below "
+                                         f"{self.num_slots} of 1 to {self.slot_bytes} bytes")
+            if segment[slot] != 1:
+                raise errors.ReverbError(f"shared-memory slot {slot} named, which the writer did not mark as "
+                                         f"filled")
+            start = HEADER_BYTES + slot * self.slot_bytes
+            data = segment[start:start + size]  # (one copy: the slot is free again at once)
+            segment[slot] = 0
+            return data
 
     def close(self) -> None:
+        self.unlink()
+        with self._lock:
+            segment, self._map = self._map, None
+        if segment is not None:
+            try:
+                self._view.release()
+                segment.close()
+            except BufferError:  # (a slot's buffer still referenced somewhere: the GC unmaps it later)
+                pass
+
+    def __del__(self):
         try:
-            self._view.release()
-            self._map.close()
-        except BufferError:  # (a slot's buffer still referenced somewhere: the GC unmaps it later)
+            self.close()
+        except Exception:  # noqa: BLE001  (interpreter shutdown)
             pass

@@ -572,7 +572,7 @@ class ReverbServicer:
                 table.wake_waiters()
 
         context.add_callback(on_done)
-        ring: Optional[_shared_memory.ServerRing] = None  # the client's shared memory, if it offered one
+        ring: Optional[_shared_memory.Ring] = None  # the client's shared memory, if it offered one
         try:
             for raw in request_iterator:
                 request = _parse(reverb_service_pb2.SampleStreamRequest, raw)
@@ -587,7 +587,7 @@ class ReverbServicer:
                 remaining, batch_size = request.num_samples, _FIRST_SAMPLE_BATCH
                 stacked = request.replay_tf_stacked
                 if stacked and ring is None and request.HasField("replay_tf_shared_memory"):
-                    ring = _shared_memory.ServerRing.attach(request.replay_tf_shared_memory)
+                    ring = _shared_memory.Ring.attach(request.replay_tf_shared_memory)
                 while remaining > 0:
                     batch = self._sample(entry.table, min(remaining, batch_size), deadline, context, cancelled)
                     remaining -= len(batch)
@@ -645,7 +645,7 @@ class ReverbServicer:
             fields.append(cached)
         return fields
 
-    def _stacked_responses(self, entry: _TableEntry, batch: list, ring: Optional[_shared_memory.ServerRing],
+    def _stacked_responses(self, entry: _TableEntry, batch: list, ring: Optional[_shared_memory.Ring],
                            cancelled: threading.Event) -> Iterator[bytes]:
         """`_responses` for a client that asked for stacked samples (rl-data-tf's extension): each response
         holds up to ~`_RESPONSE_TARGET_BYTES` of whole samples stacked per column, gathered straight into a
@@ -667,14 +667,17 @@ class ReverbServicer:
             items = [s.item for s in group]
             layout = _stacking.StackedLayout(group, layouts)
             if ring is not None and layout.size <= ring.slot_bytes:
-                acquired = ring.acquire(cancelled)
+                acquired = ring.acquire(cancelled.is_set)
                 if acquired is None:
                     raise _StatusError(grpc.StatusCode.CANCELLED, "the client closed the stream")
                 slot, buffer = acquired
                 fits = layout.gather_into(buffer, items, tensors_of, pending_of)
                 del buffer
                 if fits:
-                    yield ring.publish(slot, layout.size)
+                    ring.publish(slot)
+                    response = reverb_service_pb2.SampleStreamResponse()
+                    response.replay_tf_shared_slot.slot, response.replay_tf_shared_slot.size = slot, layout.size
+                    yield response.SerializeToString()
                 else:
                     yield from self._responses(entry, group)
                 continue

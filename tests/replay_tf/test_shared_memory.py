@@ -34,7 +34,22 @@ def _segments() -> set:
 
 
 @pytest.fixture
-def server(monkeypatch):
+def taken(monkeypatch) -> list:
+    """Records the size of every stacked response a client takes out of shared memory."""
+    taken = []
+    original = _shared_memory.Ring.take
+
+    def take(self, slot, size):
+        content = original(self, slot, size)
+        assert content[:2] == _stacking.TAG_RESPONSE_STACKED
+        taken.append(size)
+        return content
+    monkeypatch.setattr(_shared_memory.Ring, "take", take)
+    return taken
+
+
+@pytest.fixture
+def server(monkeypatch, taken):
     """A server filled over gRPC; step i holds i."""
     monkeypatch.setattr(client_lib, "make_transport", _grpc_transport.Transport)
     signature = {"observation": tf.TensorSpec([3, *_FRAME], tf.int32), "last": tf.TensorSpec([], tf.int64)}
@@ -51,18 +66,6 @@ def server(monkeypatch):
     server.stop()
 
 
-def _count_slots(monkeypatch) -> list:
-    """Records the size of every response a client takes out of shared memory."""
-    taken = []
-    original = _shared_memory.ClientRing.take
-
-    def take(self, slot, size):
-        taken.append(size)
-        return original(self, slot, size)
-    monkeypatch.setattr(_shared_memory.ClientRing, "take", take)
-    return taken
-
-
 def _sample_batches(server, num_batches=6):
     dataset = reverb.TrajectoryDataset.from_table_signature(f"localhost:{server.port}", "t",
                                                             max_in_flight_samples_per_worker=24)
@@ -77,16 +80,14 @@ def _sample_batches(server, num_batches=6):
     return batches
 
 
-def test_loopback_samples_come_through_slots_and_leave_nothing_behind(server, monkeypatch):
+def test_loopback_samples_come_through_slots_and_leave_nothing_behind(server, taken):
     before = _segments()
-    taken = _count_slots(monkeypatch)
     _sample_batches(server)
     assert len(taken) >= 4 and all(size > 16 * 3 * 4096 for size in taken)  # whole stacked responses
     assert _segments() == before  # the server unlinked the segment when it mapped it
 
 
-def test_turned_off_or_too_small_slots_send_the_same_samples_inline(server, monkeypatch):
-    taken = _count_slots(monkeypatch)
+def test_turned_off_or_too_small_slots_send_the_same_samples_inline(server, monkeypatch, taken):
     monkeypatch.setenv(_shared_memory.ENV, "0")
     _sample_batches(server)
     monkeypatch.delenv(_shared_memory.ENV)
@@ -134,9 +135,9 @@ def _offer(ring, **changes):
     {"name": "replay_tf-" + "0" * 32 + "/x"}, {"num_slots": 0}, {"num_slots": 65}, {"slot_bytes": 8},
     {"slot_bytes": (64 << 20) + 1}, {"num_slots": 3}, {"slot_bytes": 8192}])  # (the last two: not its size)
 def test_server_refuses_offers_it_must_not_write_into(changes):
-    ring = _shared_memory.ClientRing(num_slots=2, slot_bytes=4096)
+    ring = _shared_memory.Ring.create(num_slots=2, slot_bytes=4096)
     try:
-        assert _shared_memory.ServerRing.attach(_offer(ring, **changes)) is None
+        assert _shared_memory.Ring.attach(_offer(ring, **changes)) is None
         assert ring.name in _segments()  # (a refused offer leaves the client's segment alone)
     finally:
         ring.close()
@@ -144,21 +145,21 @@ def test_server_refuses_offers_it_must_not_write_into(changes):
 
 
 def test_server_refuses_sparse_files_symlinks_and_missing_segments(tmp_path):
-    ring = _shared_memory.ClientRing(num_slots=2, slot_bytes=4096)
+    ring = _shared_memory.Ring.create(num_slots=2, slot_bytes=4096)
     size = _shared_memory.HEADER_BYTES + 2 * 4096
     path = os.path.join(_shared_memory.DIRECTORY, ring.name)
     try:
         os.unlink(path)
         with open(path, "wb") as f:  # right name and size, nothing allocated: writing could SIGBUS
             f.truncate(size)
-        assert _shared_memory.ServerRing.attach(ring.offer()) is None
+        assert _shared_memory.Ring.attach(ring.offer()) is None
         os.unlink(path)
         target = tmp_path / "target"
         target.write_bytes(bytes(size))
         os.symlink(target, path)
-        assert _shared_memory.ServerRing.attach(ring.offer()) is None
+        assert _shared_memory.Ring.attach(ring.offer()) is None
         os.unlink(path)
-        assert _shared_memory.ServerRing.attach(ring.offer()) is None  # (a client on another machine)
+        assert _shared_memory.Ring.attach(ring.offer()) is None  # (a client on another machine)
         assert target.read_bytes() == bytes(size)
     finally:
         if os.path.lexists(path):
@@ -167,27 +168,27 @@ def test_server_refuses_sparse_files_symlinks_and_missing_segments(tmp_path):
 
 
 def test_a_full_ring_makes_the_server_wait_until_the_client_takes_a_slot():
-    ring = _shared_memory.ClientRing(num_slots=2, slot_bytes=4096)
-    server_ring = _shared_memory.ServerRing.attach(ring.offer())
+    ring = _shared_memory.Ring.create(num_slots=2, slot_bytes=4096)
+    server_ring = _shared_memory.Ring.attach(ring.offer())
     assert server_ring is not None and ring.name not in _segments()
     cancelled = threading.Event()
     messages = []
     for payload in (b"first", b"second"):
-        slot, buffer = server_ring.acquire(cancelled)
+        slot, buffer = server_ring.acquire(cancelled.is_set)
         buffer[:len(payload)] = payload
-        messages.append(reverb_service_pb2.SampleStreamResponse.FromString(
-            server_ring.publish(slot, len(payload))).replay_tf_shared_slot)
+        server_ring.publish(slot)
+        messages.append(reverb_service_pb2.SharedSlot(slot=slot, size=len(payload)))
     assert sorted(m.slot for m in messages) == [0, 1]
     got = []
-    waiter = threading.Thread(target=lambda: got.append(server_ring.acquire(cancelled)))
+    waiter = threading.Thread(target=lambda: got.append(server_ring.acquire(cancelled.is_set)))
     waiter.start()
     time.sleep(0.2)
     assert waiter.is_alive()  # both slots hold responses the client has not read
     assert ring.take(messages[1].slot, messages[1].size) == b"second"
     waiter.join(5)
     assert got and got[0][0] == messages[1].slot  # the slot the client freed
-    server_ring.publish(messages[1].slot, 1)
-    waiter = threading.Thread(target=lambda: got.append(server_ring.acquire(cancelled)))
+    server_ring.publish(messages[1].slot)
+    waiter = threading.Thread(target=lambda: got.append(server_ring.acquire(cancelled.is_set)))
     waiter.start()
     cancelled.set()  # the call ended: the server stops waiting
     waiter.join(5)
@@ -199,11 +200,11 @@ def test_a_full_ring_makes_the_server_wait_until_the_client_takes_a_slot():
 
 
 @pytest.mark.parametrize("slot, size, error", [
-    (2, 10, r"slot 2 of 10 bytes, expected a slot below 2 of 1 to 4096 bytes"),
-    (0, 4097, r"slot 0 of 4097 bytes, expected a slot below 2"), (0, 0, r"slot 0 of 0 bytes"),
-    (1, 10, r"slot 1, which the server did not mark as filled")])
+    (2, 10, r"slot 2 of 10 bytes named, expected a slot below 2 of 1 to 4096 bytes"),
+    (0, 4097, r"slot 0 of 4097 bytes named, expected a slot below 2"), (0, 0, r"slot 0 of 0 bytes"),
+    (1, 10, r"slot 1 named, which the writer did not mark as filled")])
 def test_client_refuses_slots_it_cannot_trust(slot, size, error):
-    ring = _shared_memory.ClientRing(num_slots=2, slot_bytes=4096)
+    ring = _shared_memory.Ring.create(num_slots=2, slot_bytes=4096)
     try:
         with pytest.raises(errors.ReverbError, match=error):
             ring.take(slot, size)

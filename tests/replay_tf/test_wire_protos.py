@@ -124,13 +124,20 @@ _EXTENSIONS = {"replay_tf/wire/reverb_service.proto": {
     "message deepmind.reverb.StackedSamples",
     "field deepmind.reverb.SampleStreamRequest.replay_tf_stacked = 1000",
     "field deepmind.reverb.SampleStreamResponse.replay_tf_stacked = 1000",
+    "message deepmind.reverb.SharedMemoryRing",
+    "message deepmind.reverb.SharedSlot",
+    "field deepmind.reverb.SampleStreamRequest.replay_tf_shared_memory = 1001",
+    "field deepmind.reverb.SampleStreamResponse.replay_tf_shared_slot = 1001",
 }}
+
+
+_EXTENSION_MESSAGES = {name for name in _EXTENSIONS["replay_tf/wire/reverb_service.proto"] if name.startswith("message ")}
 
 
 def _without_extensions(normalized: dict) -> set:
     """Removes rl-data-tf's extensions from `_normalize`'s result; returns what it removed."""
     removed = set()
-    for name in [n for n in normalized if n == "message deepmind.reverb.StackedSamples"]:
+    for name in [n for n in normalized if n in _EXTENSION_MESSAGES]:
         del normalized[name]
         removed.add(name)
     for name, message in normalized.items():

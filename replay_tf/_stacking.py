@@ -269,6 +269,7 @@ class StackedLayout:
             head = _raw.tensor_head(codec.dtype_enum(dtype), shape, nbytes)
             parts += [_TAG_COLUMN, _raw.varint(len(head) + nbytes), head, (dtype, shape, nbytes)]
         body = sum(len(p) if type(p) is bytes else p[2] for p in parts)
+        self._num_columns = len(layouts)
         self._parts = [TAG_RESPONSE_STACKED, _raw.varint(body), *parts]
         self.size = 2 + len(self._parts[1]) + body
 
@@ -282,6 +283,8 @@ class StackedLayout:
         """Writes the response into `buffer[:size]` (writable, at least `size` bytes), gathering column `i` of
         `items[k]` into its row `k` (`gather_column`); False when some item does not fit the layouts (the
         buffer is then partly written)."""
+        if any(len(item._columns) != self._num_columns for item in items):  # (as `stack_items` checks)
+            return False
         pos = i = 0
         for part in self._parts:
             if type(part) is bytes:
@@ -290,12 +293,11 @@ class StackedLayout:
                 continue
             dtype, shape, nbytes = part
             out = np.frombuffer(buffer, dtype, math.prod(shape), pos).reshape(shape)
-            if any(len(item._columns) <= i for item in items) or not gather_column(items, i, out, tensors_of,
-                                                                                     pending_of):
+            if not gather_column(items, i, out, tensors_of, pending_of):
                 return False
             pos += nbytes
             i += 1
-        return all(len(item._columns) == i for item in items)
+        return True
 
 
 def stacked_response(sampled: list, columns: list) -> bytes:

@@ -22,7 +22,7 @@ CHANNEL_OPTIONS = [
 # costs are a few microseconds per step.
 MAX_REQUEST_BYTES = 1 << 20
 MAX_REQUEST_ITEMS = 256
-LINGER_S = 0.002                  # how long a request waits for more items (not while flushing)
+LINGER_S = 0.005                  # how long a request waits for more items (not while flushing)
 CHUNK_CACHE_SIZE = 65536          # decoded chunks kept per sample stream (a 10k-step table of small steps
                                   # has ~7k chunks: 4096 decoded 1.4 chunks per sample)
 CHUNK_CACHE_ENTRY_BYTES = 512     # a cached chunk's Python objects, counted with its arrays' bytes

@@ -41,8 +41,12 @@ class InsertStream(Protocol):
     #: writer sends an item only once every chunk it refers to is finalized (no more rows appended).
     supports_open_chunks: bool
 
-    def send(self, table: str, item: Item) -> None:
-        """Queues `item` for insertion into `table` without blocking on the rate limiter."""
+    def send(self, table: str, item: Item, live: Optional[tuple] = None) -> None:
+        """Queues `item` for insertion into `table` without blocking on the rate limiter.
+
+        `live`: the keys of the chunks that the writer's later items may still use, as of this item's
+        creation (None: unknown). A remote stream has the server keep only those of the chunks it sent.
+        """
 
     def flush(self, block_until_num_items: int, timeout_ms: Optional[int]) -> None:
         """Blocks until at most `block_until_num_items` sent items are unconfirmed; raises

@@ -142,13 +142,16 @@ class StructuredWriter(FlushOnExitCloseOnDelete):
                     parts.extend((chunk, 0, ref.row, ref.row + 1))
             columns.append((node.squeeze, *parts))
         item = Item.from_resolved(_new_key(), float(pattern_item.priority), tuple(columns), frozenset(episode_ids))
+        live = None
         if not self._open_chunks:
             # Remote servers only take final chunks: close the ones this item reads.
             used = {c.key for c in item.chunks.values()}
             for chunker in self._chunkers.values():
                 if chunker.chunk is not None and chunker.chunk.key in used:
                     chunker.finalize()
-        self._stream.send(pattern_item.table, item)
+            # The chunks later items can use: those of the steps the configs can still read.
+            live = tuple({ref.chunk.key for refs in self._refs.values() for ref in refs.values()})
+        self._stream.send(pattern_item.table, item, live)
 
     def flush(self, block_until_num_items: int = 0, timeout_ms: Optional[int] = None) -> None:
         """Blocks until at most `block_until_num_items` items are unconfirmed; `DeadlineExceededError` on

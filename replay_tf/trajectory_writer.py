@@ -59,39 +59,60 @@ class HistoryIndexError(IndexError, ValueError):
 
 
 class _ColumnHistory:
-    """The last `buffer_size` references of a column, indexed as if the whole history were kept."""
+    """The last `buffer_size` references of a column, indexed as if the whole history were kept.
 
-    def __init__(self, path: tuple, buffer_size: int, history_padding: int = 0):
+    `live_chunks` (shared by a writer's columns) counts the references each chunk has in the histories,
+    by chunk key: the chunks a later item can still use.
+    """
+
+    def __init__(self, path: tuple, buffer_size: int, history_padding: int = 0,
+                 live_chunks: Optional[Dict[int, int]] = None):
         self._path = path
         self._buffer_size = buffer_size
         self._refs: list = [None] * min(buffer_size, history_padding)
         self._offset = history_padding - len(self._refs)  # positions before `_refs[0]` (all expired)
+        self._live = {} if live_chunks is None else live_chunks
 
     def path(self) -> tuple:
         return self._path
 
     def append(self, ref: Optional[_CellRef]) -> None:
         self._refs.append(ref)
+        if ref is not None:
+            key = ref.chunk.key
+            self._live[key] = self._live.get(key, 0) + 1
         if len(self._refs) > self._buffer_size:
-            del self._refs[0]
-            self._offset += 1
+            self._drop_first()
+
+    def _drop_first(self) -> None:
+        ref = self._refs.pop(0)
+        self._offset += 1
+        if ref is not None:
+            key = ref.chunk.key
+            count = self._live[key] - 1
+            if count:
+                self._live[key] = count
+            else:
+                del self._live[key]
 
     def set_last(self, ref: _CellRef) -> None:
-        self._refs[-1] = ref
+        self._refs[-1] = ref  # (replaces a None: see `can_set_last`)
+        key = ref.chunk.key
+        self._live[key] = self._live.get(key, 0) + 1
 
     @property
     def can_set_last(self) -> bool:
         return bool(self._refs) and self._refs[-1] is None
 
     def reset(self) -> None:
-        self._refs = []
+        while self._refs:
+            self._drop_first()
         self._offset = 0
 
     def set_buffer_size(self, buffer_size: int) -> None:
         self._buffer_size = buffer_size
         while len(self._refs) > buffer_size:
-            del self._refs[0]
-            self._offset += 1
+            self._drop_first()
 
     def _index(self, val: int) -> Optional[_CellRef]:
         """Position `val` (negative from the end); None once it dropped out of the buffer."""
@@ -271,7 +292,10 @@ class TrajectoryWriter(FlushOnExitCloseOnDelete):
         self._episode_id = _new_key()
         self._episode_steps = 0
         self._episode_ids_cache: Dict[frozenset, frozenset] = {}
-        self._unsent: collections.deque = collections.deque()  # (table, item) waiting for final chunks
+        self._unsent: collections.deque = collections.deque()  # (table, item, live) waiting for final chunks
+        # Chunk key -> references in the column histories: the chunks later items can still use. Each item
+        # is sent with the keys as they were when it was created (see `InsertStream.send`).
+        self._live_chunks: Dict[int, int] = {}
         self._closed = False
 
     # --- properties ---
@@ -325,7 +349,7 @@ class TrajectoryWriter(FlushOnExitCloseOnDelete):
                 self._paths.append(path)
                 self._chunkers.append(None)
                 buffer_size = self._column_config.get(path, (self._num_keep_alive_refs, None))[0]
-                self._column_history.append(_ColumnHistory(path, buffer_size, history_padding))
+                self._column_history.append(_ColumnHistory(path, buffer_size, history_padding, self._live_chunks))
         self._order_cache.clear()
         self._history_cache = None
 
@@ -477,10 +501,11 @@ class TrajectoryWriter(FlushOnExitCloseOnDelete):
         # Items of one episode share one frozenset object (fewer objects per item for the GC to scan).
         episode_ids = self._episode_ids_cache.setdefault(episode_ids, episode_ids)
         item = Item.from_resolved(_new_key(), priority, tuple(columns), episode_ids)
+        live = None if self._open_chunks else tuple(self._live_chunks)
         if self._open_chunks or (not self._unsent and final):
-            self._stream.send(table, item)
+            self._stream.send(table, item, live)
         else:
-            self._unsent.append((table, item))
+            self._unsent.append((table, item, live))
 
     @staticmethod
     def _expired(table: str, i: int, ref: _CellRef):
@@ -521,8 +546,7 @@ class TrajectoryWriter(FlushOnExitCloseOnDelete):
             return
         open_chunks = {id(c.chunk) for c in self._chunkers if c is not None and c.chunk is not None}
         while unsent and not any(id(c) in open_chunks for col in unsent[0][1].resolved_columns for c in col[1::4]):
-            table, item = unsent.popleft()
-            self._stream.send(table, item)
+            self._stream.send(*unsent.popleft())
 
     def _finalize_for(self, items: Sequence[Item]) -> None:
         needed = {key for item in items for key in item.chunks}
@@ -544,7 +568,7 @@ class TrajectoryWriter(FlushOnExitCloseOnDelete):
             raise ValueError(f"block_until_num_items must be >= 0, got {block_until_num_items}")
         if self._unsent:
             keep = max(0, len(self._unsent) - block_until_num_items)
-            self._finalize_for([item for _, item in itertools.islice(self._unsent, keep)])
+            self._finalize_for([entry[1] for entry in itertools.islice(self._unsent, keep)])
         self._stream.flush(block_until_num_items, timeout_ms)
 
     def end_episode(self, clear_buffers: bool = True, timeout_ms: Optional[int] = None) -> None:

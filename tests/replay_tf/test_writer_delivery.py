@@ -321,8 +321,9 @@ def test_remote_send_yields_to_a_sending_thread_that_falls_behind_but_never_bloc
     from replay_tf import _grpc_common
     from replay_tf import _grpc_insert
     yields = []
+    # A clock that stands still: requests end only when full (MAX_REQUEST_ITEMS items), never by lingering.
     monkeypatch.setattr(_grpc_insert, "time", types.SimpleNamespace(
-        monotonic=time.monotonic, sleep=lambda s: yields.append(s)))
+        monotonic=lambda: 0.0, sleep=lambda s: yields.append(s)))
     server = reverb.Server([_table()])
     writer = reverb.Client(f"localhost:{server.port}").trajectory_writer(num_keep_alive_refs=1)
     server.stop()  # the writer's stream opens with the first item and waits for a server that is gone
@@ -330,8 +331,156 @@ def test_remote_send_yields_to_a_sending_thread_that_falls_behind_but_never_bloc
     num_items = 3 * _grpc_common.MAX_REQUEST_ITEMS
     _write(writer, range(num_items))
     assert time.monotonic() - started < 30  # create_item queued every item without waiting for the server
-    # Once more than a request's worth of items wait, each create_item yields the GIL (sleep(0)), once per item.
+    # Once more than one request waits for gRPC's sending thread, each create_item yields the GIL (sleep(0)):
+    # never before the second request is queued, then once per item.
     assert yields and set(yields) == {0}
-    assert _grpc_common.MAX_REQUEST_ITEMS <= len(yields) < num_items - _grpc_common.MAX_REQUEST_ITEMS
+    assert len(yields) <= num_items - 2 * _grpc_common.MAX_REQUEST_ITEMS + 1
     assert writer._stream.num_pending() == num_items
     writer.close()  # drops the waiting items
+
+
+# --- remote writers: the chunks the server keeps for later items (keep_chunk_keys) ---
+
+class _RecordingStream:
+    """A remote-like stream (final chunks only) that records what writers send."""
+
+    supports_open_chunks = False
+
+    def __init__(self):
+        self.sent = []  # (table, item, live)
+
+    def send(self, table, item, live=None):
+        self.sent.append((table, item, live))
+
+    def flush(self, block_until_num_items=0, timeout_ms=None):
+        pass
+
+    def num_pending(self):
+        return 0
+
+    def close(self):
+        pass
+
+
+def _first_steps(chunks_by_key, keys):
+    return sorted(chunks_by_key[k].sequence_range.start for k in keys)
+
+
+def test_trajectory_writer_sends_each_item_with_the_chunks_its_history_can_still_use():
+    from replay_tf.trajectory_writer import TrajectoryWriter
+    stream = _RecordingStream()
+    writer = TrajectoryWriter(stream, num_keep_alive_refs=3)
+    chunks = {}  # key -> chunk, of every chunk the items use
+    for i in range(8):
+        writer.append({"a": np.int64(i)})
+        if i >= 2:
+            writer.create_item("t", 1.0, writer.history["a"][-3:])
+    writer.flush()
+    assert len(stream.sent) == 6
+    for _, item, _ in stream.sent:
+        chunks.update(item.chunks)
+    # Small steps: chunks of 3 steps (0-2, 3-5, 6-8). The item of step i is sent with the chunks of steps
+    # i-2..i, the history's steps when it was created (hand-computed first steps of those chunks).
+    expected = {2: [0], 3: [0, 3], 4: [0, 3], 5: [3], 6: [3, 6], 7: [3, 6]}
+    for i, (_, item, live) in zip(range(2, 8), stream.sent):
+        assert _first_steps(chunks, live) == expected[i], i
+    # A shorter history drops the older chunk; a new episode (clearing the buffers) leaves none.
+    writer.configure(("a",), num_keep_alive_refs=1, max_chunk_length=None)
+    assert len(writer._live_chunks) == 1
+    writer.end_episode(clear_buffers=True)
+    assert writer._live_chunks == {}
+    writer.close()
+
+
+def _recording_requests(monkeypatch):
+    """The InsertStreamRequests our server parses, recorded."""
+    from replay_tf import service
+    requests = []
+    parse = service._parse
+
+    def recording_parse(message_class, raw):
+        message = parse(message_class, raw)
+        if message_class.__name__ == "InsertStreamRequest":
+            requests.append(message)
+        return message
+
+    monkeypatch.setattr(service, "_parse", recording_parse)
+    return requests
+
+
+def _three_step_values(table, n):
+    return [table.sample(1, timeout_ms=10_000)[0].item.column_arrays()[0].tolist() for _ in range(n)]
+
+
+def test_remote_server_keeps_only_the_chunks_of_the_writers_history(remote, monkeypatch):
+    requests = _recording_requests(monkeypatch)
+    server = reverb.Server([reverb.Table.queue("t", 2000)])
+    try:
+        writer = reverb.Client(f"localhost:{server.port}").trajectory_writer(num_keep_alive_refs=3)
+        for i in range(1500):
+            writer.append({"a": np.int64(i)})
+            if i >= 2:
+                writer.create_item("t", 1.0, writer.history["a"][-3:])
+            if i % 500 == 0:
+                writer.flush(timeout_ms=60_000)
+        writer.flush(timeout_ms=60_000)
+        writer.close()
+        assert _three_step_values(server.table("t"), 1498) == [[i - 2, i - 1, i] for i in range(2, 1500)]
+        # Chunks of 3 steps: the history's 3 steps span at most 2 of them, and the newest may still be open
+        # (not sent): never more than 2 keys, whatever the number of unconfirmed items.
+        assert len(requests) >= 3
+        assert max(len(r.keep_chunk_keys) for r in requests) <= 2, [len(r.keep_chunk_keys) for r in requests]
+        # Each chunk crossed the wire once: steps 0-998 in 333 chunks of 3, 999-1000 (finalized by the flush at
+        # step 1000), 1001-1498 in 166, and 1499 (finalized by the last flush): 501 (hand-counted).
+        keys = [c.chunk_key for r in requests for c in r.chunks]
+        assert len(keys) == len(set(keys)) == 501
+    finally:
+        server.stop()
+
+
+def test_remote_writer_that_names_too_few_live_chunks_sends_them_again(remote, monkeypatch):
+    # A writer that tells the stream no chunk stays useful: every request lets the server drop its chunks,
+    # so a later item that still uses one must carry it again (the stream forgets what it dropped).
+    requests = _recording_requests(monkeypatch)
+    server = reverb.Server([reverb.Table.queue("t", 100)])
+    try:
+        writer = reverb.Client(f"localhost:{server.port}").trajectory_writer(num_keep_alive_refs=3)
+        send = writer._stream.send
+        monkeypatch.setattr(writer._stream, "send", lambda table, item, live=None: send(table, item, ()))
+        for i in range(12):
+            writer.append({"a": np.int64(i)})
+            if i >= 2:
+                writer.create_item("t", 1.0, writer.history["a"][-3:])
+                writer.flush(timeout_ms=60_000)  # one request per item
+        writer.close()
+        assert _three_step_values(server.table("t"), 10) == [[i - 2, i - 1, i] for i in range(2, 12)]
+        assert all(len(r.keep_chunk_keys) == 0 for r in requests)
+        # Every request carried every chunk its item uses. Each flush finalizes the open chunk, so after the
+        # first chunk (steps 0-2) every step is a chunk of its own: the item of step 2 uses one chunk, that of
+        # step 3 two (0-2 and 3), every later one three (hand-counted): 26 chunks sent where 10 would do.
+        assert [len(r.chunks) for r in requests if r.items] == [1, 2] + [3] * 8
+    finally:
+        server.stop()
+
+
+def test_remote_structured_writer_keeps_only_the_chunks_its_configs_can_read(remote, monkeypatch):
+    requests = _recording_requests(monkeypatch)
+    sw = reverb.structured_writer
+    ref = sw.create_reference_step({"a": np.int64(0)})
+    server = reverb.Server([reverb.Table.queue("t", 2000)])
+    try:
+        writer = reverb.Client(f"localhost:{server.port}").structured_writer(
+            [sw.create_config(ref["a"][-3:], table="t")])
+        for i in range(1500):
+            writer.append({"a": np.int64(i)})
+        writer.flush(timeout_ms=60_000)
+        writer.close()
+        assert _three_step_values(server.table("t"), 1498) == [[i - 2, i - 1, i] for i in range(2, 1500)]
+        # The config reads 3 steps: the writer keeps 4 (with the one the next step completes), in at most
+        # 4 chunks; the server is told to keep no more, however many items are unconfirmed.
+        assert len(requests) >= 2
+        assert max(len(r.keep_chunk_keys) for r in requests) <= 4, [len(r.keep_chunk_keys) for r in requests]
+        keys = [c.chunk_key for r in requests for c in r.chunks]
+        assert len(keys) == len(set(keys))  # no chunk crossed the wire twice
+    finally:
+        server.stop()

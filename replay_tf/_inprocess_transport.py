@@ -42,7 +42,8 @@ class InsertStream:
             raise error
 
     def send(self, table: str, item: Item, live: Optional[tuple] = None) -> None:
-        # (`live` only matters to remote streams: see `client.InsertStream.send`.) As in Reverb, the table does not check items against its signature: writers do (validate_items).
+        # (`live` only matters to remote streams: see `client.InsertStream.send`.) As in Reverb, the table
+        # does not check items against its signature: writers do (validate_items).
         target = self._server.table(table)
         if not self._pending:  # only this thread adds items, so the worker is idle: insert here
             self._raise_if_failed()

@@ -136,6 +136,23 @@ def _table():
     return reverb.Table.queue("t", 1000)  # sampling takes the items in insertion order
 
 
+def _write_three_step_items(writer, flush_every: int = 0) -> None:
+    """Appends steps 0..1499 to column "a", with an item of the last 3 steps from step 2 on (a flush every
+    `flush_every` steps if set), then flushes and closes the writer."""
+    for i in range(1500):
+        writer.append({"a": np.int64(i)})
+        if i >= 2:
+            writer.create_item("t", 1.0, writer.history["a"][-3:])
+        if flush_every and i % flush_every == 0:
+            writer.flush(timeout_ms=60_000)
+    writer.flush(timeout_ms=60_000)
+    writer.close()
+
+
+def _three_step_values(table, n):
+    return [table.sample(1, timeout_ms=10_000)[0].item.column_arrays()[0].tolist() for _ in range(n)]
+
+
 def test_remote_writer_resends_after_the_server_restarts(remote):
     server = reverb.Server([_table()])
     port = server.port
@@ -302,16 +319,8 @@ def test_remote_requests_arrive_in_order_when_writer_and_sending_thread_both_end
     monkeypatch.setattr(_grpc_common, "LINGER_S", linger_s)
     server = reverb.Server([reverb.Table.queue("t", 2000)])
     try:
-        writer = reverb.Client(f"localhost:{server.port}").trajectory_writer(num_keep_alive_refs=3)
-        for i in range(1500):
-            writer.append({"a": np.int64(i)})
-            if i >= 2:
-                writer.create_item("t", 1.0, writer.history["a"][-3:])
-        writer.flush(timeout_ms=60_000)
-        writer.close()
-        table = server.table("t")
-        got = [table.sample(1, timeout_ms=10_000)[0].item.column_arrays()[0].tolist() for _ in range(1498)]
-        assert got == [[i - 2, i - 1, i] for i in range(2, 1500)]
+        _write_three_step_items(reverb.Client(f"localhost:{server.port}").trajectory_writer(num_keep_alive_refs=3))
+        assert _three_step_values(server.table("t"), 1498) == [[i - 2, i - 1, i] for i in range(2, 1500)]
     finally:
         server.stop()
 
@@ -408,31 +417,26 @@ def _recording_requests(monkeypatch):
     return requests
 
 
-def _three_step_values(table, n):
-    return [table.sample(1, timeout_ms=10_000)[0].item.column_arrays()[0].tolist() for _ in range(n)]
+def _check_steps_and_keep_lists(server, requests, max_keep: int) -> list:
+    """Checks that the items of steps 2..1499 (3 steps each) arrived and that no request named more than
+    `max_keep` chunks to keep; returns the keys of the chunks the requests carried, in order."""
+    assert _three_step_values(server.table("t"), 1498) == [[i - 2, i - 1, i] for i in range(2, 1500)]
+    assert len(requests) >= 2
+    assert max(len(r.keep_chunk_keys) for r in requests) <= max_keep, [len(r.keep_chunk_keys) for r in requests]
+    return [c.chunk_key for r in requests for c in r.chunks]
 
 
 def test_remote_server_keeps_only_the_chunks_of_the_writers_history(remote, monkeypatch):
     requests = _recording_requests(monkeypatch)
     server = reverb.Server([reverb.Table.queue("t", 2000)])
     try:
-        writer = reverb.Client(f"localhost:{server.port}").trajectory_writer(num_keep_alive_refs=3)
-        for i in range(1500):
-            writer.append({"a": np.int64(i)})
-            if i >= 2:
-                writer.create_item("t", 1.0, writer.history["a"][-3:])
-            if i % 500 == 0:
-                writer.flush(timeout_ms=60_000)
-        writer.flush(timeout_ms=60_000)
-        writer.close()
-        assert _three_step_values(server.table("t"), 1498) == [[i - 2, i - 1, i] for i in range(2, 1500)]
+        _write_three_step_items(reverb.Client(f"localhost:{server.port}").trajectory_writer(num_keep_alive_refs=3),
+                                flush_every=500)
         # Chunks of 3 steps: the history's 3 steps span at most 2 of them, and the newest may still be open
         # (not sent): never more than 2 keys, whatever the number of unconfirmed items.
-        assert len(requests) >= 3
-        assert max(len(r.keep_chunk_keys) for r in requests) <= 2, [len(r.keep_chunk_keys) for r in requests]
+        keys = _check_steps_and_keep_lists(server, requests, max_keep=2)
         # Each chunk crossed the wire once: steps 0-998 in 333 chunks of 3, 999-1000 (finalized by the flush at
         # step 1000), 1001-1498 in 166, and 1499 (finalized by the last flush): 501 (hand-counted).
-        keys = [c.chunk_key for r in requests for c in r.chunks]
         assert len(keys) == len(set(keys)) == 501
     finally:
         server.stop()
@@ -475,12 +479,9 @@ def test_remote_structured_writer_keeps_only_the_chunks_its_configs_can_read(rem
             writer.append({"a": np.int64(i)})
         writer.flush(timeout_ms=60_000)
         writer.close()
-        assert _three_step_values(server.table("t"), 1498) == [[i - 2, i - 1, i] for i in range(2, 1500)]
         # The config reads 3 steps: the writer keeps 4 (with the one the next step completes), in at most
         # 4 chunks; the server is told to keep no more, however many items are unconfirmed.
-        assert len(requests) >= 2
-        assert max(len(r.keep_chunk_keys) for r in requests) <= 4, [len(r.keep_chunk_keys) for r in requests]
-        keys = [c.chunk_key for r in requests for c in r.chunks]
+        keys = _check_steps_and_keep_lists(server, requests, max_keep=4)
         assert len(keys) == len(set(keys))  # no chunk crossed the wire twice
     finally:
         server.stop()

@@ -187,6 +187,31 @@ def test_remote_writer_resends_after_the_server_restarts(remote):
         restarted.stop()
 
 
+def test_remote_writer_resends_each_waiting_item_to_its_own_table(remote):
+    def tables():
+        return [reverb.Table.queue(name, 100) for name in ("even", "odd")]
+
+    server = reverb.Server(tables())
+    port = server.port
+    writer = reverb.Client(f"localhost:{port}").trajectory_writer(num_keep_alive_refs=1)
+    writer.append({"a": np.int64(0)})
+    writer.create_item("even", 1.0, writer.history["a"][-1:])
+    writer.flush(timeout_ms=10_000)
+    server.stop()
+    for i in range(1, 7):  # wait for the restarted server, then go to the table their parity names
+        writer.append({"a": np.int64(i)})
+        writer.create_item("odd" if i % 2 else "even", 1.0, writer.history["a"][-1:])
+    restarted = reverb.Server(tables(), port=port)
+    try:
+        writer.flush(timeout_ms=60_000)
+        writer.close()
+        assert len(restarted.table("even")) == 3 and len(restarted.table("odd")) == 3
+        assert _take(restarted.table("even"), 3) == [2, 4, 6]
+        assert _take(restarted.table("odd"), 3) == [1, 3, 5]
+    finally:
+        restarted.stop()
+
+
 def test_remote_flush_times_out_clearly_when_the_server_never_returns(remote):
     server = reverb.Server([_table()])
     client = reverb.Client(f"localhost:{server.port}")

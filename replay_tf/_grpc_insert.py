@@ -186,7 +186,7 @@ class InsertStream:
         # hold that survives to the garbage collector's oldest generation brings a full collection nearer
         # (in a process that imported TensorFlow, ~0.2 s each).
         self._unconfirmed: "collections.OrderedDict[int, chunk_store_lib.Item]" = collections.OrderedDict()
-        self._tables: dict = {}
+        self._unconfirmed_tables: dict = {}
         self._error: Optional[Exception] = None
         self._connection: Optional[_Connection] = None
         self._reconnecting: Optional[str] = None  # why the stream is reconnecting, while it is
@@ -201,7 +201,7 @@ class InsertStream:
         if old is not None:
             old.queue.put(common.CLOSE)  # ends the old request generator if gRPC still iterates it
         connection = self._connection = _Connection()
-        tables = self._tables
+        tables = self._unconfirmed_tables
         for key, item in self._unconfirmed.items():
             connection.add(tables[key], item)
             if connection.full():
@@ -241,7 +241,7 @@ class InsertStream:
                                                 daemon=True)
                 self._reader.start()
             self._unconfirmed[item.key] = item
-            self._tables[item.key] = table
+            self._unconfirmed_tables[item.key] = table
             connection = self._connection
             connection.add(table, item, live)
             if connection.full() or time.monotonic() - connection.opened_at >= common.LINGER_S:
@@ -295,7 +295,7 @@ class InsertStream:
                 for raw in call:
                     keys = reverb_service_pb2.InsertStreamResponse.FromString(raw).keys
                     with self._lock:
-                        pop, pop_table = self._unconfirmed.pop, self._tables.pop
+                        pop, pop_table = self._unconfirmed.pop, self._unconfirmed_tables.pop
                         for key in keys:
                             pop(key, None)
                             pop_table(key, None)

@@ -65,13 +65,12 @@ class _ColumnHistory:
     by chunk key: the chunks a later item can still use.
     """
 
-    def __init__(self, path: tuple, buffer_size: int, history_padding: int = 0,
-                 live_chunks: Optional[Dict[int, int]] = None):
+    def __init__(self, path: tuple, buffer_size: int, history_padding: int, live_chunks: Dict[int, int]):
         self._path = path
         self._buffer_size = buffer_size
         self._refs: list = [None] * min(buffer_size, history_padding)
         self._offset = history_padding - len(self._refs)  # positions before `_refs[0]` (all expired)
-        self._live = {} if live_chunks is None else live_chunks
+        self._live = live_chunks
 
     def path(self) -> tuple:
         return self._path
@@ -79,15 +78,18 @@ class _ColumnHistory:
     def append(self, ref: Optional[_CellRef]) -> None:
         self._refs.append(ref)
         if ref is not None:
-            key = ref.chunk.key
-            self._live[key] = self._live.get(key, 0) + 1
+            self._hold(ref)
         if len(self._refs) > self._buffer_size:
             self._drop_first()
+
+    def _hold(self, ref: _CellRef) -> None:
+        key = ref.chunk.key
+        self._live[key] = self._live.get(key, 0) + 1
 
     def _drop_first(self) -> None:
         ref = self._refs.pop(0)
         self._offset += 1
-        if ref is not None:
+        if ref is not None:  # (release what `_hold` counted)
             key = ref.chunk.key
             count = self._live[key] - 1
             if count:
@@ -97,8 +99,7 @@ class _ColumnHistory:
 
     def set_last(self, ref: _CellRef) -> None:
         self._refs[-1] = ref  # (replaces a None: see `can_set_last`)
-        key = ref.chunk.key
-        self._live[key] = self._live.get(key, 0) + 1
+        self._hold(ref)
 
     @property
     def can_set_last(self) -> bool:

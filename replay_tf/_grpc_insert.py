@@ -1,13 +1,11 @@
 """Insert streams of the remote transport (see `replay_tf._grpc_transport` for the design)."""
 from __future__ import annotations
 
-import collections
 import datetime
 import queue
 import threading
 import time
-import weakref
-from typing import Optional
+from typing import Dict, Optional, Union
 
 import grpc
 
@@ -40,7 +38,7 @@ class _Connection:
 
     The server keeps, after each request, only the sent chunks that later items can still use: the
     writer's `live` keys (see `InsertStream.send`), a handful. Naming every sent chunk still alive instead
-    (unconfirmed items hold theirs) grew the list with the requests in flight, to 1,100-1,800 keys per
+    (unconfirmed items held theirs) grew the list with the requests in flight, to 1,100-1,800 keys per
     request while a dm-reverb server lagged, which made that server slower still.
     """
 
@@ -50,18 +48,19 @@ class _Connection:
         self.queue: queue.Queue = queue.Queue()
         self.queued = 0  # finished requests in the queue (changed with the stream's lock held)
         self.call = None
-        # Entries vanish when the writer (and the unconfirmed items) drop a chunk.
-        self.sent: "weakref.WeakValueDictionary[int, chunk_store_lib.Chunk]" = weakref.WeakValueDictionary()
+        # The chunks the server holds for this call: key -> the chunk's `InsertStreamRequest.chunks` field as
+        # a tuple of bytes-like parts (see `_chunk_field`), pruned to the keep list after each request.
+        self.sent: Dict[int, tuple] = {}
         self._key_fields: dict = {}  # chunk key -> its serialized ChunkSlice.chunk_key field
         self._table_fields: dict = {}
         # The open request: its items, the bytes of step data they add, and the keys of the chunks they use.
-        # (Tables and items in two lists rather than one list of pairs: one GC-tracked object less per item;
-        # see `InsertStream._unconfirmed`.)
+        # (Tables and items in two lists rather than one list of pairs: one GC-tracked object less per item.)
         self._tables: list = []
         self._items: list = []
         self._size = 0
         self._chunk_keys: dict = {}
         self._live: Optional[tuple] = None  # the chunks later items may use, as of the last item added
+        self._prune_above = _MAX_KEY_FIELDS  # (sent chunks kept without `live`, see `_keep`)
         self.number = 0  # of the open request (or the last one) on this call
         self.opened_at = 0.0
 
@@ -94,27 +93,35 @@ class _Connection:
     def full(self) -> bool:
         return self._size >= common.MAX_REQUEST_BYTES or len(self._items) >= common.MAX_REQUEST_ITEMS
 
-    def _keep(self) -> list:
+    def _keep(self, unconfirmed: dict) -> list:
         """The keys the server keeps for later items of this call (`keep_chunk_keys`); the other chunks it
         held are forgotten here too, so an item that still uses one sends it again.
 
         With the writer's `live` keys of the request's last item: the sent chunks among them, which are all
         that later items can use (a handful: the chunks of the writer's history, as Reverb's writer keeps).
-        Without (items re-sent after a reconnect, writers that do not tell): every sent chunk still alive,
-        kept alive by unconfirmed items too, so that list grows with the requests in flight.
+        Without (streams whose items do not tell, as `Client.insert`'s): every sent chunk, pruned to those
+        of unconfirmed items once there are many.
         """
         sent, live = self.sent, self._live
         if live is None:
-            return list(sent.keys())
+            if len(sent) > self._prune_above:
+                used = _record_chunk_keys(unconfirmed.values())
+                for key in [key for key in sent if key not in used]:
+                    del sent[key]
+                self._prune_above = max(_MAX_KEY_FIELDS, 2 * len(sent))
+            return list(sent)
         keep = [key for key in live if key in sent]
         if len(keep) != len(sent):
             kept = set(keep)
-            for key in [key for key in sent.keys() if key not in kept]:
-                sent.pop(key, None)  # (a weak entry may vanish meanwhile)
+            for key in [key for key in sent if key not in kept]:
+                del sent[key]
         return keep
 
-    def finish(self) -> Optional[bytes]:
+    def finish(self, unconfirmed: dict) -> Optional[bytes]:
         """The open request, encoded (None if it has no items); the next item opens a new one.
+
+        Each item's entry in `unconfirmed` becomes its record (see `InsertStream._unconfirmed`), so the item
+        and its resolved columns die here rather than when the server confirms it.
 
         The request is assembled as bytes (chunks = 1, items = 2, keep_chunk_keys = 3): each chunk not sent
         before on this call as its serialized ChunkData (see `codec.serialized_chunk_parts`), before the
@@ -125,38 +132,91 @@ class _Connection:
             return None
         self._items, self._tables, self._size, self._chunk_keys = [], [], 0, {}
         sent, key_fields, table_fields = self.sent, self._key_fields, self._table_fields
-        request_chunk_head, chunk_parts = _raw.request_chunk_head, codec.serialized_chunk_parts
         request_item, trajectory_bytes = _raw.request_item, _raw.resolved_trajectory
-        parts = []
-        in_request: dict = {}  # chunk key -> chunk (a cheap check before the weak dictionary's)
+        parts: list = []
+        in_request: dict = {}  # chunk key -> its field (sent on this call, or in this request)
         for table, item in zip(tables, items):
             columns = item.resolved_columns
+            record: list = [None]  # [item field, chunk key, chunk field, chunk key, chunk field, ...]
             for column in columns:
                 for chunk in column[1::4]:
                     chunk_key = chunk.key
-                    if chunk_key in in_request:
-                        continue
-                    in_request[chunk_key] = chunk
-                    if chunk_key in sent:
-                        continue
-                    sent[chunk_key] = chunk
-                    key_field = key_fields.get(chunk_key)
-                    if key_field is None:  # (the item's slices will use it too)
-                        key_field = key_fields[chunk_key] = _raw.key_field(chunk_key)
-                    chunk_data = chunk_parts(chunk, key_field)
-                    parts.append(request_chunk_head(sum(map(len, chunk_data))))
-                    parts += chunk_data  # (the compressed contents are copied once, by the join)
+                    field = in_request.get(chunk_key)
+                    if field is None:
+                        field = sent.get(chunk_key)
+                        if field is None:
+                            key_field = key_fields.get(chunk_key)
+                            if key_field is None:  # (the item's slices will use it too)
+                                key_field = key_fields[chunk_key] = _raw.key_field(chunk_key)
+                            field = sent[chunk_key] = _chunk_field(chunk, key_field)
+                            parts += field  # (the compressed contents are copied once, by the join)
+                        in_request[chunk_key] = field
+                    record += (chunk_key, field)
             table_field = table_fields.get(table)
             if table_field is None:
                 table_field = table_fields[table] = _raw.table_field(table) if table else b""
-            parts.append(request_item(item.key, table_field, item.priority, int(item.inserted_at or 0),
-                                      trajectory_bytes(columns, key_fields)))
-        # Drop our own references so that only the writer and the unconfirmed items keep chunks alive.
-        items = tables = item = columns = column = chunk = in_request = None
-        parts.append(_raw.keep_chunk_keys(self._keep(), key_fields))
+            record[0] = request_item(item.key, table_field, item.priority, int(item.inserted_at or 0),
+                                     trajectory_bytes(columns, key_fields))
+            parts.append(record[0])
+            unconfirmed[item.key] = tuple(record)
+        # Drop our own references: the items die here (their records and the writer hold what is needed).
+        items = tables = item = columns = column = chunk = None
+        parts.append(_raw.keep_chunk_keys(self._keep(unconfirmed), key_fields))
         if len(key_fields) > _MAX_KEY_FIELDS:
             key_fields.clear()
         return b"".join(parts)
+
+    def resend(self, unconfirmed: dict) -> list:
+        """Requests (bytes) that send the records of `unconfirmed`, in order, on this new call: each with
+        the chunks it uses that the call has not carried yet, and a keep list of the chunks later records
+        use (so the server holds only those).
+
+        Every entry of `unconfirmed` must be a record (`finish` made it) by now.
+        """
+        records = list(unconfirmed.values())
+        last_use = {}  # chunk key -> index of the last record that uses it
+        for index, record in enumerate(records):
+            for chunk_key in record[1::2]:
+                last_use[chunk_key] = index
+        sent, requests, parts, size, num_items = self.sent, [], [], 0, 0
+        for index, record in enumerate(records):
+            for i in range(1, len(record), 2):
+                chunk_key = record[i]
+                if chunk_key not in sent:
+                    field = sent[chunk_key] = record[i + 1]
+                    parts += field
+                    size += sum(map(len, field))
+            parts.append(record[0])
+            num_items += 1
+            if size >= common.MAX_REQUEST_BYTES or num_items >= common.MAX_REQUEST_ITEMS or index == len(records) - 1:
+                for chunk_key in [key for key in sent if last_use[key] <= index]:
+                    del sent[chunk_key]
+                parts.append(_raw.keep_chunk_keys(list(sent)))
+                requests.append(b"".join(parts))
+                parts, size, num_items = [], 0, 0
+        return requests
+
+
+def _chunk_field(chunk: chunk_store_lib.Chunk, key_field: bytes) -> tuple:
+    """The chunk's `InsertStreamRequest.chunks` field (tag, length, serialized ChunkData) as bytes-like parts.
+
+    A tuple of bytes and buffers: the garbage collector stops tracking it at its first pass and the records
+    that hold it at their next (a younger generation's), so hundreds of unconfirmed items never reach its
+    oldest generation.
+    """
+    chunk_data = codec.serialized_chunk_parts(chunk, key_field)
+    return (_raw.request_chunk_head(sum(map(len, chunk_data))), *chunk_data)
+
+
+def _record_chunk_keys(entries) -> set:
+    """The chunk keys of `InsertStream._unconfirmed` entries (records, and items not yet encoded)."""
+    keys = set()
+    for entry in entries:
+        if type(entry) is tuple:
+            keys.update(entry[1::2])
+        else:
+            keys.update(chunk.key for column in entry.resolved_columns for chunk in column[1::4])
+    return keys
 
 
 class InsertStream:
@@ -181,12 +241,13 @@ class InsertStream:
         self._channel = channel
         self._lock = threading.Lock()
         self._confirmed_cv = threading.Condition(self._lock)
-        # Sent items not yet confirmed, in order (key -> item), and their tables (key -> table name). Two
-        # dicts rather than one of pairs: hundreds of items are in flight, and every GC-tracked object they
-        # hold that survives to the garbage collector's oldest generation brings a full collection nearer
-        # (in a process that imported TensorFlow, ~0.2 s each).
-        self._unconfirmed: "collections.OrderedDict[int, chunk_store_lib.Item]" = collections.OrderedDict()
-        self._unconfirmed_tables: dict = {}
+        # Sent items not yet confirmed, in order: key -> the item while its request is open, then its record,
+        # `(item field, chunk key, chunk field, chunk key, chunk field, ...)`: what re-sending it takes, as
+        # bytes (see `_Connection.finish`). Hundreds of items are in flight; every GC-tracked object of
+        # theirs that survives to the garbage collector's oldest generation brings a full collection nearer
+        # (in a process that imported TensorFlow, ~0.2 s each); a record, bytes only, drops out of its
+        # tracking before that (see `_chunk_field`).
+        self._unconfirmed: Dict[int, Union[chunk_store_lib.Item, tuple]] = {}
         self._error: Optional[Exception] = None
         self._connection: Optional[_Connection] = None
         self._reconnecting: Optional[str] = None  # why the stream is reconnecting, while it is
@@ -200,12 +261,13 @@ class InsertStream:
         old = self._connection
         if old is not None:
             old.queue.put(common.CLOSE)  # ends the old request generator if gRPC still iterates it
+            self._finish(old)  # (its open request's items become records)
+            if self._error is not None:
+                return  # an item could not be encoded: the stream has ended
         connection = self._connection = _Connection()
-        tables = self._unconfirmed_tables
-        for key, item in self._unconfirmed.items():
-            connection.add(tables[key], item)
-            if connection.full():
-                self._queue_request(connection)
+        for request in connection.resend(self._unconfirmed):
+            connection.queued += 1
+            connection.queue.put(request)
         method = self._channel.stream_stream(common.SERVICE + "InsertStream", request_serializer=common.identity,
                                              response_deserializer=common.identity)
         connection.call = method(self._requests(connection), wait_for_ready=True)
@@ -213,7 +275,7 @@ class InsertStream:
     def _finish(self, connection: _Connection) -> Optional[bytes]:
         """`connection.finish()` (lock held); a request that cannot be encoded ends the stream."""
         try:
-            return connection.finish()
+            return connection.finish(self._unconfirmed)
         except Exception as e:  # noqa: BLE001
             if self._error is None:
                 self._error = ValueError(f"could not encode an item for the InsertStream: {type(e).__name__}: {e}")
@@ -241,7 +303,6 @@ class InsertStream:
                                                 daemon=True)
                 self._reader.start()
             self._unconfirmed[item.key] = item
-            self._unconfirmed_tables[item.key] = table
             connection = self._connection
             connection.add(table, item, live)
             if connection.full() or time.monotonic() - connection.opened_at >= common.LINGER_S:
@@ -295,10 +356,9 @@ class InsertStream:
                 for raw in call:
                     keys = reverb_service_pb2.InsertStreamResponse.FromString(raw).keys
                     with self._lock:
-                        pop, pop_table = self._unconfirmed.pop, self._unconfirmed_tables.pop
+                        pop = self._unconfirmed.pop
                         for key in keys:
                             pop(key, None)
-                            pop_table(key, None)
                         self._reconnecting = None
                         if self._flushing:  # only flush waits for confirmations (it sets the flag first)
                             self._confirmed_cv.notify_all()

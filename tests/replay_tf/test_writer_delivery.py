@@ -510,3 +510,82 @@ def test_remote_structured_writer_keeps_only_the_chunks_its_configs_can_read(rem
         assert len(keys) == len(set(keys))  # no chunk crossed the wire twice
     finally:
         server.stop()
+
+
+def _chunk_and_items():
+    """Chunks 11 (rows 0-1), 12 (rows 2-3) and 13 (row 4) of one float32 column (row i = [i, i]), and items
+    1: rows 0-1, 2: rows 1-2 (chunks 11, 12), 3: rows 2-4 (chunks 12, 13)."""
+    from replay_tf.core import chunk_store as cs
+    rows = np.arange(10, dtype=np.float32).reshape(5, 2) // 2
+    chunks = {key: cs.Chunk(key, [rows[start:stop]], cs.SequenceRange(7, start, stop - 1))
+              for key, start, stop in [(11, 0, 2), (12, 2, 4), (13, 4, 5)]}
+    slices = {1: [(11, 0, 2)], 2: [(11, 1, 1), (12, 0, 1)], 3: [(12, 0, 2), (13, 0, 1)]}
+    items = [cs.Item(key, float(key), (cs.Column(tuple(cs.ChunkSlice(k, o, n, 0) for k, o, n in parts), False),),
+                     [chunks[k] for k, _, _ in parts]) for key, parts in slices.items()]
+    return chunks, items
+
+
+def test_encoded_items_are_kept_as_untracked_bytes_and_resent_in_order(monkeypatch):
+    # Once its request is encoded, an unconfirmed item is kept as bytes only (what re-sending it takes): the
+    # item dies, and its record is not tracked by the garbage collector, so hundreds of items in flight
+    # bring no full collection nearer. After a reconnect the records alone rebuild the requests.
+    import gc
+    import weakref
+
+    from replay_tf import _grpc_common
+    from replay_tf import _grpc_insert
+    from replay_tf.wire import codec
+    from replay_tf.wire import reverb_service_pb2
+
+    chunks, items = _chunk_and_items()
+    connection, unconfirmed = _grpc_insert._Connection(), {}
+    for item, live in zip(items, [(11, 12), (12,), (12, 13)]):
+        unconfirmed[item.key] = item
+        connection.add("t", item, live)
+    request = reverb_service_pb2.InsertStreamRequest.FromString(connection.finish(unconfirmed))
+    assert [c.chunk_key for c in request.chunks] == [11, 12, 13]  # each before its first item
+    assert [(i.key, i.table, i.priority) for i in request.items] == [(1, "t", 1.0), (2, "t", 2.0), (3, "t", 3.0)]
+    assert list(request.keep_chunk_keys) == [12, 13]  # the last item's live chunks
+    assert sorted(connection.sent) == [12, 13]  # the server forgot 11, so do we
+    expected_items = [i.SerializeToString() for i in request.items]
+
+    item_refs = [weakref.ref(item) for item in items]
+    del items, item
+    assert [ref() for ref in item_refs] == [None] * 3  # the items died with their request's encoding
+    gc.collect()  # untracks the chunk fields (a record's fields are traversed after it)
+    gc.collect()  # and then the records
+    assert all(type(r) is tuple and not gc.is_tracked(r) for r in unconfirmed.values())
+
+    # Item 1 confirmed, then the connection broke: 2 and 3 are re-sent on a new call, one per request here.
+    del unconfirmed[1]
+    monkeypatch.setattr(_grpc_common, "MAX_REQUEST_ITEMS", 1)
+    resent = [reverb_service_pb2.InsertStreamRequest.FromString(r)
+              for r in _grpc_insert._Connection().resend(unconfirmed)]
+    assert [[c.chunk_key for c in r.chunks] for r in resent] == [[11, 12], [13]]
+    assert [list(r.keep_chunk_keys) for r in resent] == [[12], []]  # what later records still use
+    assert [i.SerializeToString() for r in resent for i in r.items] == expected_items[1:]
+    for r in resent:
+        for c in r.chunks:
+            np.testing.assert_array_equal(codec.decode_chunk_tensors(c)[0], chunks[c.chunk_key].tensors[0])
+
+
+def test_stream_without_live_chunks_prunes_the_sent_ones_to_the_unconfirmed_items():
+    # Without the writer's live keys, the server keeps every chunk sent; once there are many, only those of
+    # unconfirmed items (here 12 and 13, of item 3: items 1 and 2, which used 11, were confirmed).
+    from replay_tf import _grpc_insert
+    from replay_tf.wire import reverb_service_pb2
+
+    _, items = _chunk_and_items()
+    connection, unconfirmed = _grpc_insert._Connection(), {}
+    connection._prune_above = 2
+    for item in items[:2]:
+        unconfirmed[item.key] = item
+        connection.add("t", item)
+    connection.finish(unconfirmed)
+    assert sorted(connection.sent) == [11, 12]
+    del unconfirmed[1], unconfirmed[2]
+    unconfirmed[3] = items[2]
+    connection.add("t", items[2])
+    request = reverb_service_pb2.InsertStreamRequest.FromString(connection.finish(unconfirmed))
+    assert sorted(request.keep_chunk_keys) == [12, 13]
+    assert sorted(connection.sent) == [12, 13]

@@ -1,12 +1,12 @@
 """The remote transport of `replay_tf.Client`: Reverb's gRPC protocol to any server (ours or dm-reverb's).
 
 Implements `replay_tf.client.Transport` over `deepmind.reverb.ReverbService`:
-  - insert streams encode each item's chunks once (`wire.codec`, as Reverb's writers do), send every chunk
-    at most once per stream and list in `keep_chunk_keys` the sent chunks the writer may still refer to:
-    those still alive in this process (a chunk the writer's history and queued items dropped is garbage,
-    so no later item can use it). Requests are assembled by the gRPC sending thread from everything queued
-    at that moment (up to ~1 MiB), so `send` never blocks and fast writers get big requests (`send` yields
-    the GIL to that thread while more than a request's worth of items wait);
+  - insert streams encode each item's chunks once (`wire.codec`, as Reverb's writers do) and send each
+    chunk once per call while the server keeps it; `keep_chunk_keys` names the sent chunks that later
+    items may use (the writer's live chunks, a handful). The writer's thread gathers items into requests
+    of up to ~1 MiB and encodes each whole (gRPC's sending thread sends one that lingers 5 ms), so `send`
+    never blocks (it yields the GIL while finished requests wait). An unconfirmed item is kept as its
+    bytes, for re-sending after a reconnect (see `_grpc_insert`);
   - sample streams ask for `num_samples_per_request` samples per request (the next one once those have all
     arrived while fewer than a request's worth wait to be taken, as Reverb's workers keep
     `max_in_flight_samples_per_worker` in flight); a thread reads and decodes the responses, and

@@ -2,8 +2,10 @@
 
 Workload (issue 5): items of 3 overlapping steps, one item per step, 20k steps, for the seed demo's spec
 (action f32[2], observation uint8[10,10]) and an Atari-like one (observation uint8[84,84,4]); uniform and
-prioritized tables. Measured: trajectory_writer insert steps/s, `TrajectoryDataset(...).batch(256)`
-samples/s (and samples per CPU-second of the process, all threads: robust under load), and resident memory per stored byte (RSS growth while inserting / raw bytes of the steps).
+prioritized tables. Measured: trajectory_writer insert steps/s, the same items by a structured_writer
+(steps/s; after the sampling, into the reset table), `TrajectoryDataset(...).batch(256)` samples/s (and
+samples per CPU-second of the process, all threads: robust under load), and resident memory per stored
+byte (RSS growth while inserting / raw bytes of the steps).
 The same code runs here (`import replay_tf as reverb`) and in the peer venv (`import reverb`).
 """
 from __future__ import annotations
@@ -42,17 +44,20 @@ def run_case(spec_name, sampler_name, num_steps, num_batches):
     step_bytes = steps[0][0].nbytes + steps[1][0].nbytes
     memory_per_byte = (_rss_bytes() - rss_before) / (num_steps * step_bytes)
     best, best_cpu = sample_rate(address, 't', obs_shape, num_batches)
+    client.reset('t')
+    structured_rate = write_structured(client, 't', steps, num_steps)
     server.stop()
-    return insert_rate, best, best_cpu, memory_per_byte
+    return insert_rate, best, best_cpu, memory_per_byte, structured_rate
 
 for spec_name, sampler_name in CASES:
     num_batches = 60 if spec_name == 'small' else 12
-    insert_rate, samples_per_s, samples_per_cpu_s, memory_per_byte = run_case(spec_name, sampler_name, NUM_STEPS,
-                                                                                num_batches)
+    insert_rate, samples_per_s, samples_per_cpu_s, memory_per_byte, structured_rate = run_case(
+        spec_name, sampler_name, NUM_STEPS, num_batches)
     emit(f'{spec_name}/{sampler_name}/insert', insert_rate)
     emit(f"{spec_name}/{sampler_name}/sample", samples_per_s)
     emit(f"{spec_name}/{sampler_name}/sample_cpu", samples_per_cpu_s)
     emit(f'{spec_name}/{sampler_name}/memory', memory_per_byte)
+    emit(f'{spec_name}/{sampler_name}/structured_insert', structured_rate)
 '''
 
 # Each case runs in a fresh process, so that the memory figure is not blurred by the previous case's frees.
@@ -85,11 +90,12 @@ def main() -> None:
     for key in ours:
         spec_name, sampler_name, metric = key.split("/")
         unit = {"insert": "steps/s", "sample": "samples/s", "sample_cpu": "samples/CPU-s",
-                "memory": "RSS bytes per stored byte"}[metric]
+                "memory": "RSS bytes per stored byte", "structured_insert": "steps/s"}[metric]
         what = {"insert": f"trajectory_writer insert, 3-step items, {NUM_STEPS} steps",
                 "sample": "TrajectoryDataset(...).batch(256)",
                 "sample_cpu": "TrajectoryDataset(...).batch(256), per CPU-second (all threads)",
-                "memory": "memory per stored byte (lower is better)"}[metric]
+                "memory": "memory per stored byte (lower is better)",
+                "structured_insert": f"structured_writer insert, one config of 3-step items, {NUM_STEPS} steps"}[metric]
         rows.append({"workload": f"{spec_name} {sampler_name}: {what}", "ours": ours[key], "peer": theirs.get(key),
                      "peer_name": "dm-reverb 0.14 in-process", "unit": unit})
     _harness.report("server", rows)

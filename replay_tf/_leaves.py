@@ -15,8 +15,9 @@ TypeError: Field ['obs'][0] of the appended step must be a tensor, numpy array, 
 """
 from __future__ import annotations
 
+import collections.abc
 import reprlib
-from typing import Any
+from typing import Any, Dict, Optional
 
 import numpy as np
 
@@ -54,6 +55,29 @@ def leaf_array(value: Any, path: tuple, context: str, *, none_ok: bool = False) 
     if array.dtype.kind not in TENSOR_KINDS:
         check_leaf(array, value, path, context, none_ok=none_ok)
     return array
+
+
+_leaf_type_cache: Dict[type, bool] = {}
+
+
+def _is_leaf_type(kind: type) -> bool:
+    """Whether dm-tree treats values of this type as leaves (memoized per type)."""
+    leaf = _leaf_type_cache.get(kind)
+    if leaf is None:
+        leaf = not (issubclass(kind, (list, tuple, collections.abc.Mapping)) or hasattr(kind, "__attrs_attrs__"))
+        _leaf_type_cache[kind] = leaf
+    return leaf
+
+
+def flat_dict_keys(data: Any) -> Optional[tuple]:
+    """The sorted keys of a flat dict of leaves (tree.flatten's order), or None for any other structure: the
+    writers' fast path past `tree.flatten_with_path` for the usual step, a dict of arrays."""
+    if type(data) is not dict:
+        return None
+    for value in data.values():
+        if not _is_leaf_type(type(value)):
+            return None
+    return tuple(sorted(data))
 
 
 def path_str(path: tuple) -> str:

@@ -31,7 +31,7 @@ from replay_tf import errors
 from replay_tf._writer_context import FlushOnExitCloseOnDelete
 from replay_tf.core.chunk_store import Item
 from replay_tf._column_chunker import _ColumnChunker, _new_key
-from replay_tf._leaves import leaf_array, path_str
+from replay_tf._leaves import flat_dict_keys, leaf_array, path_str
 from rlds_tf.patterns import Condition
 from rlds_tf.patterns import ConditionProto
 from rlds_tf.patterns import Config
@@ -72,12 +72,13 @@ class StructuredWriter(FlushOnExitCloseOnDelete):
             raise ValueError("At least one config must be provided.")
         self._stream = stream
         self._open_chunks = bool(getattr(stream, "supports_open_chunks", False))
-        self._evaluator = PatternEvaluator(configs)
+        self._evaluator = PatternEvaluator(configs, with_data=False)  # (items as references, not values)
         # Column -> how many recent steps the configs read; other columns are never stored.
         self._histories: Dict[int, int] = configs_lib.column_histories(self._evaluator.configs)
         self._chunkers: Dict[int, _ColumnChunker] = {}
         self._refs: Dict[int, collections.OrderedDict] = {c: collections.OrderedDict() for c in self._histories}
         self._paths: Optional[list] = None
+        self._keys: Optional[tuple] = None  # the first step's keys, when it was a flat dict of leaves
         self._next_step = 0          # absolute number of the next (or open) step, as the evaluator counts
         self._step_in_episode = 0
         self._step_open = False
@@ -92,12 +93,17 @@ class StructuredWriter(FlushOnExitCloseOnDelete):
         """Appends a step (or part of one: unset fields are None) and inserts the items it completes."""
         if self._closed:
             self._raise_closed()
-        with_path = tree.flatten_with_path(data)
-        if self._paths is None:
-            self._paths = [path_str(path) for path, _ in with_path]
-        elif len(with_path) != len(self._paths):
-            raise ValueError(f"Number of flattened data elements ({len(with_path)}) does not match the first "
-                             f"append ({len(self._paths)} elements: {self._paths})")
+        keys = flat_dict_keys(data)
+        if keys is not None and keys == self._keys:  # fast path: a flat dict with the first step's keys
+            with_path = [((key,), data[key]) for key in keys]
+        else:
+            with_path = tree.flatten_with_path(data)
+            if self._paths is None:
+                self._paths = [path_str(path) for path, _ in with_path]
+                self._keys = keys
+            elif len(with_path) != len(self._paths):
+                raise ValueError(f"Number of flattened data elements ({len(with_path)}) does not match the first "
+                                 f"append ({len(self._paths)} elements: {self._paths})")
         # Every column is checked, read or not (as Reverb).
         flat = [None if value is None else leaf_array(value, path, "the appended step", none_ok=True)
                 for path, value in with_path]

@@ -32,7 +32,6 @@ those still waiting.
 from __future__ import annotations
 
 import collections
-import collections.abc
 import datetime
 import itertools
 import math
@@ -44,7 +43,7 @@ import tree
 from replay_tf import errors
 from replay_tf._writer_context import FlushOnExitCloseOnDelete
 from replay_tf._column_chunker import _CellRef, _ColumnChunker, _new_key
-from replay_tf._leaves import leaf_array
+from replay_tf._leaves import flat_dict_keys, leaf_array
 from replay_tf._leaves import path_str as _path_str
 from replay_tf.core.chunk_store import Chunk, Item
 from replay_tf.core.table import _shape_compatible, _signature_entries
@@ -238,28 +237,6 @@ def _tree_union(a: Any, b: Any) -> Any:
     raise ValueError(f"Cannot merge the appended structure {b} into the earlier structure {a}")
 
 
-_leaf_type_cache: Dict[type, bool] = {}
-
-
-def _is_leaf_type(kind: type) -> bool:
-    """Whether dm-tree treats values of this type as leaves (memoized per type)."""
-    leaf = _leaf_type_cache.get(kind)
-    if leaf is None:
-        leaf = not (issubclass(kind, (list, tuple, collections.abc.Mapping)) or hasattr(kind, "__attrs_attrs__"))
-        _leaf_type_cache[kind] = leaf
-    return leaf
-
-
-def _flat_dict_keys(data: Any) -> Optional[tuple]:
-    """The sorted keys of a flat dict of leaves (tree.flatten's order), or None for any other structure."""
-    if type(data) is not dict:
-        return None
-    for value in data.values():
-        if not _is_leaf_type(type(value)):
-            return None
-    return tuple(sorted(data))
-
-
 class TrajectoryWriter(FlushOnExitCloseOnDelete):
     """Reverb's `TrajectoryWriter` (create with `Client.trajectory_writer`).
 
@@ -367,7 +344,7 @@ class TrajectoryWriter(FlushOnExitCloseOnDelete):
             self._raise_closed()
         if self._structure is None:
             self._update_structure(tree.map_structure(lambda _: None, data))
-        keys = _flat_dict_keys(data)
+        keys = flat_dict_keys(data)
         order = self._order_cache.get(keys) if keys is not None else None
         if order is not None:  # fast path: a flat dict with keys seen before
             leaves = [data[k] for k in keys]

@@ -5,14 +5,15 @@ tf.data twin and both take their rules from `configs.py` and `conditions.py`. Th
 and selects; it does not chunk, send or insert anything.
 
 API:
-  evaluator = PatternEvaluator(configs, step_spec=None)
+  evaluator = PatternEvaluator(configs, step_spec=None, with_data=True)
   items = evaluator.append(flat_step, partial_step=False)   # flat_step: tree.flatten(step); None = missing
   items = evaluator.end_episode(clear_buffers=True)          # is_end_episode configs, then a new episode
 Each item is an `Item(config_index, table, priority, nodes, data)`:
   nodes  one `NodeSelection(flat_source_index, steps, squeeze)` per pattern leaf (tree.flatten order):
          the absolute step numbers (0 = the first step ever appended, never reset) whose values of that
          column the leaf takes, oldest first; a writer maps them to its own cell references.
-  data   the pattern nest with the selected values (numpy arrays; slices stacked on a new leading axis).
+  data   the pattern nest with the selected values (numpy arrays; slices stacked on a new leading axis);
+         None with `with_data=False` (a structured writer reads the values from its own chunks).
 
 Semantics (Reverb's StructuredWriter): after every append each config not yet applied at this step is
 tried in order; `steps_since_applied` grows once per step and is reset when the config applies; a config
@@ -39,6 +40,7 @@ import tree
 
 from rlds_tf.patterns import configs as configs_lib
 from rlds_tf.patterns import nodes
+from rlds_tf.patterns import priorities
 from rlds_tf.patterns.configs import create_config  # noqa: F401  (doctest)
 from rlds_tf.patterns.nodes import create_reference_step  # noqa: F401  (doctest)
 
@@ -70,10 +72,15 @@ class _ConfigState:
     last_checked: Optional[tuple] = None
 
 
+def _stacked(node, cells: list) -> np.ndarray:
+    """A leaf's selected values: the one value when squeezed, else stacked on a new leading axis."""
+    return np.asarray(cells[0][1]) if node.squeeze else np.stack([np.asarray(v) for _, v in cells])
+
+
 class PatternEvaluator:
     """Applies configs to steps appended one at a time (see the module docstring)."""
 
-    def __init__(self, configs: Sequence[Any], step_spec: Any = None):
+    def __init__(self, configs: Sequence[Any], step_spec: Any = None, *, with_data: bool = True):
         if step_spec is not None:
             configs = configs_lib.validate_configs(configs, step_spec)
         else:
@@ -85,6 +92,10 @@ class PatternEvaluator:
                     nodes.validate_node(node, f"config {k}")
         self._configs = configs_lib.with_buffer_length_conditions(configs, cumulative=False)
         self._patterns = [configs_lib.unpack_pattern(c) for c in self._configs]
+        # Per config, per pattern leaf (tree.flatten order): (node, its step offsets), worked out once.
+        self._leaves = [[(node, nodes.node_offsets(node)) for node in tree.flatten(pattern)]
+                        for pattern in self._patterns]
+        self._with_data = with_data
         self._histories = configs_lib.column_histories(self._configs)
         # Per used column: (absolute step, value) of its newest `history` steps; value None when missing.
         self._columns = {c: collections.deque(maxlen=h) for c, h in self._histories.items() if h > 0}
@@ -107,7 +118,8 @@ class PatternEvaluator:
 
     def append(self, flat_step: Sequence[Any], *, partial_step: bool = False) -> list:
         """Adds (part of) a step and returns the items the configs produce at it."""
-        flat_step = list(flat_step)
+        if type(flat_step) is not list:
+            flat_step = list(flat_step)
         if self._num_columns is None:
             self._num_columns = len(flat_step)
         elif len(flat_step) != self._num_columns:
@@ -166,28 +178,41 @@ class PatternEvaluator:
         return int(value) if value.dtype == bool else int(np.int32(value.astype(np.int64)))
 
     def _select(self, config_index: int) -> Optional[Item]:
-        selections, values = [], []
-        for node in tree.flatten(self._patterns[config_index]):
+        selections, selected = [], []
+        for node, offsets in self._leaves[config_index]:
             column = self._columns[node.flat_source_index]
-            offsets = nodes.node_offsets(node)
-            if -offsets[0] > len(column):
+            size = len(column)
+            if -offsets[0] > size:
                 return None
-            cells = [column[len(column) + o] for o in offsets]
-            if any(value is None for _, value in cells):
-                return None  # Reverb skips a config whose selection has missing values
-            selections.append(NodeSelection(node.flat_source_index, tuple(s for s, _ in cells), node.squeeze))
-            values.append(np.asarray(cells[0][1]) if node.squeeze else np.stack([np.asarray(v) for _, v in cells]))
+            cells = [column[size + o] for o in offsets]
+            for _, value in cells:
+                if value is None:
+                    return None  # Reverb skips a config whose selection has missing values
+            selections.append(NodeSelection(node.flat_source_index, tuple([s for s, _ in cells]), node.squeeze))
+            selected.append(cells)
         config = self._configs[config_index]
-        by_source = {}
-        for selection, value in zip(selections, values):
-            by_source.setdefault(selection.flat_source_index, value)
-        priority = config.priority.compute(by_source)
-        return Item(config_index, config.table, priority, tuple(selections),
-                    tree.unflatten_as(self._patterns[config_index], values))
+        priority = config.priority
+        if type(priority) is priorities.ConstantPriority:
+            priority, values = float(priority.value), None
+        else:
+            values = [_stacked(node, cells) for (node, _), cells in zip(self._leaves[config_index], selected)]
+            by_source = {}
+            for selection, value in zip(selections, values):
+                by_source.setdefault(selection.flat_source_index, value)
+            priority = priority.compute(by_source)
+        data = None
+        if self._with_data:
+            if values is None:
+                values = [_stacked(node, cells) for (node, _), cells in zip(self._leaves[config_index], selected)]
+            data = tree.unflatten_as(self._patterns[config_index], values)
+        return Item(config_index, config.table, priority, tuple(selections), data)
 
     def _apply(self, *, is_end_episode: bool, current: tuple) -> list:
-        if not any(column and column[-1][1] is not None for column in self._columns.values()):
-            return []
+        for column in self._columns.values():
+            if column and column[-1][1] is not None:
+                break
+        else:
+            return []  # (no column read by a config has a value at this step)
         items = []
         for k, (config, state) in enumerate(zip(self._configs, self._states)):
             if state.last_applied == current:
@@ -197,6 +222,12 @@ class PatternEvaluator:
                 state.last_checked = current
             ok = True
             for condition in config.conditions:
+                if condition.left == "buffer_length" and condition.cmp == "ge" and not condition.inverse:
+                    # (the implicit history condition of every config, the commonest: tested inline)
+                    if max(map(len, self._columns.values()), default=0) >= condition.value:
+                        continue
+                    ok = False
+                    break
                 left = self._left(condition, current, state, is_end_episode)
                 if left is None or not condition.evaluate(left):
                     ok = False

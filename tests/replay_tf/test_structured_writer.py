@@ -149,4 +149,12 @@ def test_non_tensor_leaf_error_names_field_and_type():
                                         r"Python number, bool, str or bytes, or None to leave the column unset, got "
                                         r"ndarray of dtype object holding int \(3\)"):
         writer.append({"x": np.float32(1), "y": [np.array([3], dtype=object)]})
+    # A flat dict with the first step's keys takes the fast path past tree.flatten: same check, same path.
+    writer = client.structured_writer([reverb.structured_writer.create_config(ref["x"][-1], table="t")])
+    writer.append({"x": np.float32(1), "y": np.float32(0)})
+    with pytest.raises(TypeError, match=r"Field \['y'\] of the appended step must be a tensor.*got set"):
+        writer.append({"x": np.float32(1), "y": {1, 2}})
+    writer.append({"x": np.float32(2), "y": np.float32(0)})
+    writer.flush()
+    assert [s.data[0].tolist() for s in client.sample("t", 2, emit_timesteps=False)] == [1.0, 2.0]
     server.stop()

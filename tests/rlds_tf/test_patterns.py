@@ -201,19 +201,34 @@ def test_online_evaluator_agrees_with_compiled_graph(name, respect, snippet):
                         check_dtype=False)
 
 
-def test_evaluator_reports_absolute_steps_and_priorities():
+@pytest.mark.parametrize("with_data", [True, False])
+def test_evaluator_reports_absolute_steps_and_priorities(with_data):
     spec = {"x": tf.TensorSpec([], tf.int32), "td": tf.TensorSpec([], tf.float32)}
     ref = patterns.create_reference_step(spec)
-    config = patterns.create_config({"x": ref["x"][-3:], "td": ref["td"][-3:]}, "t",
-                                    priority=patterns.td_error(0.5, spec, lambda s: s["td"]))
-    evaluator = patterns.PatternEvaluator([config], spec)
+    td_config = patterns.create_config({"x": ref["x"][-3:], "td": ref["td"][-3:]}, "t",
+                                       priority=patterns.td_error(0.5, spec, lambda s: s["td"]))
+    constant_config = patterns.create_config(ref["x"][-1], "c", priority=patterns.constant_priority_fn(2.5))
+    # Without data (as a structured writer asks: it reads the values from its own chunks), items select the
+    # same steps and a TD-error priority is still computed from the values.
+    evaluator = patterns.PatternEvaluator([td_config, constant_config], spec, with_data=with_data)
     items = []
     for i, td in enumerate([1.0, -3.0, 2.0, 0.0]):
         items += evaluator.append([np.float32(td), np.int32(i)])
-    assert [item.nodes[1].steps for item in items] == [(0, 1, 2), (1, 2, 3)]
-    assert items[0].priority == pytest.approx(0.5 * 3 + 0.5 * 2)
+    td_items = [item for item in items if item.table == "t"]
+    assert [item.nodes[1].steps for item in td_items] == [(0, 1, 2), (1, 2, 3)]
+    # w * max|td| + (1 - w) * mean|td| over [1, -3, 2] and [-3, 2, 0]
+    assert [item.priority for item in td_items] == [pytest.approx(0.5 * 3 + 0.5 * 2),
+                                                    pytest.approx(0.5 * 3 + 0.5 * 5 / 3)]
+    assert [(item.nodes[0].steps, item.priority) for item in items if item.table == "c"] == [((i,), 2.5)
+                                                                                           for i in range(4)]
+    if with_data:
+        assert [item.data["x"].tolist() for item in td_items] == [[0, 1, 2], [1, 2, 3]]
+        assert [item.data["td"].tolist() for item in td_items] == [[1.0, -3.0, 2.0], [-3.0, 2.0, 0.0]]
+        assert [int(item.data) for item in items if item.table == "c"] == [0, 1, 2, 3]
+    else:
+        assert all(item.data is None for item in items)
     assert evaluator.end_episode() == []
-    assert evaluator.append([np.float32(0), np.int32(9)]) == []  # a new episode: the history is cleared
+    assert evaluator.append([np.float32(0), np.int32(9)])[0].table == "c"  # a new episode: history cleared
 
 
 def test_many_episodes_keep_their_order():

@@ -192,19 +192,17 @@ class PatternEvaluator:
             selected.append(cells)
         config = self._configs[config_index]
         priority = config.priority
-        if type(priority) is priorities.ConstantPriority:
-            priority, values = float(priority.value), None
-        else:
+        values = None  # the selected values, stacked: built only for the data or a priority that reads them
+        if self._with_data or type(priority) is not priorities.ConstantPriority:
             values = [_stacked(node, cells) for (node, _), cells in zip(self._leaves[config_index], selected)]
+        if type(priority) is priorities.ConstantPriority:
+            priority = float(priority.value)
+        else:
             by_source = {}
             for selection, value in zip(selections, values):
                 by_source.setdefault(selection.flat_source_index, value)
             priority = priority.compute(by_source)
-        data = None
-        if self._with_data:
-            if values is None:
-                values = [_stacked(node, cells) for (node, _), cells in zip(self._leaves[config_index], selected)]
-            data = tree.unflatten_as(self._patterns[config_index], values)
+        data = tree.unflatten_as(self._patterns[config_index], values) if self._with_data else None
         return Item(config_index, config.table, priority, tuple(selections), data)
 
     def _apply(self, *, is_end_episode: bool, current: tuple) -> list:

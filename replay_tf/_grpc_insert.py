@@ -134,23 +134,19 @@ class _Connection:
         sent, key_fields, table_fields = self.sent, self._key_fields, self._table_fields
         request_item, trajectory_bytes = _raw.request_item, _raw.resolved_trajectory
         parts: list = []
-        in_request: dict = {}  # chunk key -> its field (sent on this call, or in this request)
         for table, item in zip(tables, items):
             columns = item.resolved_columns
             record: list = [None]  # [item field, chunk key, chunk field, chunk key, chunk field, ...]
             for column in columns:
                 for chunk in column[1::4]:
                     chunk_key = chunk.key
-                    field = in_request.get(chunk_key)
+                    field = sent.get(chunk_key)  # (sent on this call before, or earlier in this request)
                     if field is None:
-                        field = sent.get(chunk_key)
-                        if field is None:
-                            key_field = key_fields.get(chunk_key)
-                            if key_field is None:  # (the item's slices will use it too)
-                                key_field = key_fields[chunk_key] = _raw.key_field(chunk_key)
-                            field = sent[chunk_key] = _chunk_field(chunk, key_field)
-                            parts += field  # (the compressed contents are copied once, by the join)
-                        in_request[chunk_key] = field
+                        key_field = key_fields.get(chunk_key)
+                        if key_field is None:  # (the item's slices will use it too)
+                            key_field = key_fields[chunk_key] = _raw.key_field(chunk_key)
+                        field = sent[chunk_key] = _chunk_field(chunk, key_field)
+                        parts += field  # (the compressed contents are copied once, by the join)
                     record += (chunk_key, field)
             table_field = table_fields.get(table)
             if table_field is None:

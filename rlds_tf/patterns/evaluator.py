@@ -159,7 +159,7 @@ class PatternEvaluator:
         return items
 
     def _buffer_length(self) -> int:
-        return max((len(c) for c in self._columns.values()), default=0)
+        return max(map(len, self._columns.values()), default=0)
 
     def _left(self, condition, current, state, is_end_episode):
         if condition.left == "step_index":
@@ -220,12 +220,6 @@ class PatternEvaluator:
                 state.last_checked = current
             ok = True
             for condition in config.conditions:
-                if condition.left == "buffer_length" and condition.cmp == "ge" and not condition.inverse:
-                    # (the implicit history condition of every config, the commonest: tested inline)
-                    if max(map(len, self._columns.values()), default=0) >= condition.value:
-                        continue
-                    ok = False
-                    break
                 left = self._left(condition, current, state, is_end_episode)
                 if left is None or not condition.evaluate(left):
                     ok = False

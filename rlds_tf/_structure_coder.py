@@ -65,6 +65,18 @@ def _is_bounded_spec(value: Any) -> bool:
     return isinstance(value, tf.TensorSpec) and hasattr(value, "minimum") and hasattr(value, "maximum")
 
 
+def _encoded(value: Any, path: tuple) -> struct_pb2.StructuredValue:
+    """`value` as a new message, which the caller copies into its slot.
+
+    As TF's coder builds every element apart and copies it in: the order of a map's entries on the wire
+    is the protobuf runtime's, and follows how the map was built (a copied map may list its entries in
+    another order than the one it was copied from), so only the same steps give the same bytes.
+    """
+    out = struct_pb2.StructuredValue()
+    _encode_into(out, value, path)
+    return out
+
+
 def _encode_into(out: struct_pb2.StructuredValue, value: Any, path: tuple) -> None:
     """Writes `value` into `out`, checking types in the order TF's coder does (most specific first)."""
     if _is_bounded_spec(value):
@@ -92,7 +104,7 @@ def _encode_into(out: struct_pb2.StructuredValue, value: Any, path: tuple) -> No
             if not isinstance(key, str):
                 raise TypeError(f"mapping at {_path_str(path)} has key {key!r} of type {type(key).__name__}; "
                                 f"StructuredValue dicts need str keys")
-            _encode_into(fields[key], item, path + (key,))
+            fields[key].CopyFrom(_encoded(item, path + (key,)))
     elif isinstance(value, tf.TypeSpec):
         raise TypeError(f"cannot encode the leaf at {_path_str(path)}: {value!r} is a {type(value).__name__}, "
                         f"not a tf.TensorSpec; supported: {_SUPPORTED}")
@@ -112,16 +124,15 @@ def _encode_into(out: struct_pb2.StructuredValue, value: Any, path: tuple) -> No
         named = out.named_tuple_value
         named.name = type(value).__name__
         for key, item in zip(value._fields, value):
-            pair = named.values.add(key=key)
-            _encode_into(pair.value, item, path + (key,))
+            named.values.add(key=key).value.CopyFrom(_encoded(item, path + (key,)))
     elif isinstance(value, tuple):
         out.tuple_value.SetInParent()
         for i, item in enumerate(value):
-            _encode_into(out.tuple_value.values.add(), item, path + (i,))
+            out.tuple_value.values.add().CopyFrom(_encoded(item, path + (i,)))
     elif isinstance(value, list):
         out.list_value.SetInParent()
         for i, item in enumerate(value):
-            _encode_into(out.list_value.values.add(), item, path + (i,))
+            out.list_value.values.add().CopyFrom(_encoded(item, path + (i,)))
     else:
         raise TypeError(f"cannot encode the leaf at {_path_str(path)}: {value!r} of type "
                         f"{type(value).__module__}.{type(value).__qualname__}; supported: {_SUPPORTED}")

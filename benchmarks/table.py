@@ -1,4 +1,4 @@
-"""Prints the README's benchmark table (markdown) from `benchmarks/results/*.json`.
+"""Prints the benchmark table of docs/benchmarks.md (markdown) from `benchmarks/results/*.json`.
 
 `python -m benchmarks.run` writes the results; `python -m benchmarks.table` renders them, so the README
 table always comes from one recorded run per suite.
@@ -28,7 +28,7 @@ def render() -> str:
             ratio = row.get("ratio")
             spread = row.get("round_ratios")  # (medians over rounds: the rounds' range beside)
             spread = f" ({min(spread):.2f}-{max(spread):.2f})" if spread and len(spread) > 1 else ""
-            lines.append(f"| {name} ({suite['time'][:16]}) | {row['workload']} | {_fmt(row.get('ours'))} | "
+            lines.append(f"| {name} | {row['workload']} | {_fmt(row.get('ours'))} | "
                          f"{_fmt(row.get('peer'))} | {f'{ratio:.2f}x{spread}' if ratio else ''} | "
                          f"{row.get('peer_name', '')} | {row.get('unit', '')} |")
     return "\n".join(lines)

@@ -42,6 +42,10 @@ ids: logical step ids of the sampled items (shape `[B]`, `[B, T]`, or a tuple of
 probabilities: the probability with which each sample was drawn (`[B]`).
 """
 
+# TF-Agents' error texts (InvalidArgumentError when the op runs), which code written for it matches on.
+_EMPTY_SAMPLE_MESSAGE = "TFUniformReplayBuffer is empty. Make sure to add items before sampling the buffer."
+_EMPTY_READ_MESSAGE = "TFUniformReplayBuffer is empty. Make sure to add items before asking the buffer for data."
+
 # Samples drawn per map call by the unbatched `as_dataset()`: amortizes the per-element tf.data cost.
 _UNBATCHED_CHUNK = 128
 
@@ -283,10 +287,11 @@ class UniformReplayBuffer(tf.Module):
         return sample_batch_size, num_steps
 
     def _assert_can_sample(self, lo, hi, num_steps):
+        # TF-Agents' text first (its tests and users match on it; it says "empty" for too-few-steps too).
         return tf.debugging.assert_greater(
-            hi, lo, message=(f"{type(self).__name__} has no valid window to sample: it is empty or holds "
-                             f"fewer than num_steps ({num_steps or 1}) steps per segment. Add items with "
-                             f"add_batch before sampling."))
+            hi, lo, message=(f"{_EMPTY_SAMPLE_MESSAGE} (no valid window to sample: it is empty or holds "
+                             f"fewer than num_steps ({num_steps or 1}) steps per segment; add items with "
+                             f"add_batch first)"))
 
     def _draw(self, n: int, lo, hi, num_steps, seed=None):
         """Uniform (segment, start) pairs over valid windows; episode-aware: redraws windows that cross.
@@ -441,8 +446,20 @@ class UniformReplayBuffer(tf.Module):
         `dataset_window_shift`; ids are TF-Agents' `segment * max_length + logical_id`. Unlike
         TF-Agents 0.19, the data is read from the right rows after the ring has wrapped (TF-Agents reads
         row `id % capacity`, which belongs to the next segment once ids exceed `max_length`).
+
+        Raises:
+          ValueError: with `dataset_drop_remainder=True`, a deterministic pass whose `sample_batch_size`
+            exceeds `batch_size` or whose `num_steps` exceeds `max_length` ("ALL data will be dropped",
+            TF-Agents' text). InvalidArgumentError (when iterated): an empty buffer, with TF-Agents' text
+            "TFUniformReplayBuffer is empty. Make sure to add items ...".
         """
         self._check_list_free_spec()
+        static_steps = num_steps if num_steps is None or type(num_steps) is int else tf.get_static_value(num_steps)
+        if (single_deterministic_pass and self._dataset_drop_remainder and static_steps is not None
+                and static_steps > self._max_length):
+            raise ValueError(f"num_steps_size ({static_steps}) > self.max_length ({self._max_length}) and "
+                             f"dataset_drop_remainder is True.  In this case, ALL data will be dropped by the "
+                             f"deterministic dataset. Lower num_steps to <= {self._max_length}.")
         sample_batch_size, num_steps = self._check_sample_args(sample_batch_size, num_steps)
         if single_deterministic_pass:
             return self._deterministic_dataset(sample_batch_size, num_steps, num_parallel_calls)
@@ -462,15 +479,15 @@ class UniformReplayBuffer(tf.Module):
         batch_size, max_length = self._batch_size, self._max_length
         drop = self._dataset_drop_remainder
         if drop and sample_batch_size is not None and sample_batch_size > batch_size:
-            raise ValueError(f"sample_batch_size ({sample_batch_size}) > batch_size ({batch_size}) with "
-                             f"dataset_drop_remainder=True would drop all data; lower sample_batch_size")
+            raise ValueError(f"sample_batch_size ({sample_batch_size}) > self.batch_size ({batch_size}) and "
+                             f"dataset_drop_remainder is True.  In this case, ALL data will be dropped by the "
+                             f"deterministic dataset. Lower sample_batch_size to <= {batch_size}.")
         shift = self._dataset_window_shift
         state = self._state
 
         def row_ids(_):
             lo, hi = _ring.valid_range(state.last_id.read_value(), max_length, None)
-            check = tf.debugging.assert_less(lo, hi, message=f"{type(self).__name__} is empty: add items "
-                                                             f"with add_batch before asking it for data.")
+            check = tf.debugging.assert_less(lo, hi, message=_EMPTY_READ_MESSAGE)
             frames = tf.range(*_ring.after([check], lo, hi))
 
             def physical(ids):

@@ -47,6 +47,9 @@ from replay_tf.datasets import make_reverb_dataset
 from replay_tf.datasets import make_reverb_fifo_sampler_dataset
 from replay_tf.datasets import make_reverb_rnn_sequence_fifo_sampler_dataset
 
+# --- `import reverb` for libraries that import Reverb themselves (replay_tf/reverb_alias.py) ---
+from replay_tf.reverb_alias import register_as_reverb
+
 __all__ = [
     # --- in-graph buffers ---
     "BufferInfo",
@@ -87,4 +90,6 @@ __all__ = [
     "make_reverb_dataset",
     "make_reverb_fifo_sampler_dataset",
     "make_reverb_rnn_sequence_fifo_sampler_dataset",
+    # --- reverb alias ---
+    "register_as_reverb",
 ]

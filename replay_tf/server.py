@@ -14,7 +14,6 @@ the same process talks to its tables directly, with no serialization. The gRPC l
 from __future__ import annotations
 
 import importlib.util
-import random
 import signal
 import socket
 import threading
@@ -24,6 +23,7 @@ from typing import Optional, Sequence
 from replay_tf import _addresses
 from replay_tf import errors
 from replay_tf.core.chunk_store import ChunkStore
+from replay_tf.core.chunk_store import new_key_bits
 from replay_tf.core.table import Table
 from replay_tf.core.table import TableExtensionBase  # noqa: F401  (Reverb's `reverb.server.TableExtensionBase`)
 
@@ -107,8 +107,9 @@ class Server:
         self._port = _pick_unused_port() if port is None else int(port)
         self._checkpointer = checkpointer
         self.chunk_store = ChunkStore()
-        # Reverb's ServerInfo carries a random 128-bit id fixed for the server's lifetime.
-        self.tables_state_id = random.getrandbits(128)
+        # Reverb's ServerInfo carries a random 128-bit id fixed for the server's lifetime (from the key
+        # generator, which user code cannot seed: two servers must not share an id).
+        self.tables_state_id = new_key_bits(128)
         self._stopped = threading.Event()
         if checkpointer is not None and hasattr(checkpointer, "load_latest"):
             checkpointer.load_latest(self)

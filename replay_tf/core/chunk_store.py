@@ -12,6 +12,7 @@ references to their chunks (Python reference counting plays the role of Reverb's
 """
 from __future__ import annotations
 
+import os
 import random
 import threading
 import weakref
@@ -20,9 +21,35 @@ from typing import Callable, Iterable, NamedTuple, Optional, Sequence
 import numpy as np
 
 
+# Keys come from a generator of this module's own, seeded from the OS's entropy: user code that seeds Python's
+# global `random` (as many training scripts do, in every actor alike) must not make two writers draw the same
+# keys, or the server would mix their items and chunks. A Mersenne Twister instance draws a key in ~100 ns (an
+# `os.urandom` call per key costs several times that, on the per-step path). A forked child re-seeds it, so
+# that parent and child never share a sequence either.
+_keys = random.Random(os.urandom(32))
+
+
+def _reseed_keys() -> None:
+    _keys.seed(os.urandom(32))
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reseed_keys)
+
+
 def new_key() -> int:
-    """A random uint64 key (items, chunks, episode ids), as Reverb's writers draw them."""
-    return random.getrandbits(64)
+    """A random uint64 key (items, chunks, episode ids), as Reverb's writers draw them.
+
+    Drawn from a generator private to this module and seeded from `os.urandom` (re-seeded in forked children),
+    not from Python's global `random`: seeding that one (`random.seed(0)` in every actor) leaves keys unique.
+    """
+    return _keys.getrandbits(64)
+
+
+def new_key_bits(bits: int) -> int:
+    """A random integer of `bits` bits from the same private generator as `new_key` (e.g. a server's 128-bit
+    `tables_state_id`)."""
+    return _keys.getrandbits(bits)
 
 
 class SequenceRange(NamedTuple):
@@ -121,6 +148,35 @@ class Chunk:
         return f"Chunk(key={self.key}, sequence_range={tuple(self.sequence_range)}, columns={len(self.tensors)})"
 
 
+def _rows(chunk: Chunk) -> tuple:
+    """The chunk's tensors cut to its rows (an open in-process chunk may hold more capacity)."""
+    rows = chunk.num_rows
+    return tuple(t[:rows] for t in chunk.read_tensors())
+
+
+def _same_array(a: np.ndarray, b: np.ndarray) -> bool:
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if a.dtype.kind == "O":
+        return bool(np.array_equal(a, b))
+    return a.tobytes() == b.tobytes()  # bit for bit: NaNs compare equal, -0.0 and 0.0 do not
+
+
+def same_chunk(a: Chunk, b: Chunk) -> bool:
+    """Whether two chunks hold the same key, range and data (encoded bytes compared first, else the rows)."""
+    if a is b:
+        return True
+    if a.key != b.key or a.sequence_range != b.sequence_range:
+        return False
+    if type(a.encoded) is bytes and a.encoded == b.encoded:
+        return True
+    try:
+        ta, tb = _rows(a), _rows(b)
+    except ValueError:  # data that cannot be decoded is never the same as a stored chunk's
+        return False
+    return len(ta) == len(tb) and all(_same_array(x, y) for x, y in zip(ta, tb))
+
+
 class ChunkStore:
     """Deduplicates chunks by key without owning them (weak references; items own their chunks)."""
 
@@ -129,13 +185,26 @@ class ChunkStore:
         self._lock = threading.Lock()
 
     def insert(self, chunk: Chunk) -> Chunk:
-        """Returns the stored chunk with `chunk.key` (the first one inserted wins)."""
+        """Returns the stored chunk with `chunk.key`: the first one inserted, while it lives.
+
+        The same chunk sent again (a second stream, a writer re-sending after a reconnect) is stored once.
+
+        Raises:
+          ValueError: If a live chunk with `chunk.key` holds other data: keys must be unique, and keeping
+            either copy would give some items another writer's data.
+        """
         with self._lock:
             existing = self._chunks.get(chunk.key)
-            if existing is not None:
-                return existing
-            self._chunks[chunk.key] = chunk
-            return chunk
+            if existing is None:
+                self._chunks[chunk.key] = chunk
+                return chunk
+        if not same_chunk(existing, chunk):
+            raise ValueError(f"chunk key {chunk.key} is already used by a different chunk on this server (episode "
+                             f"{existing.episode_id}, steps {existing.sequence_range.start}.."
+                             f"{existing.sequence_range.end}; got episode {chunk.episode_id}, steps "
+                             f"{chunk.sequence_range.start}..{chunk.sequence_range.end}): chunk keys must be "
+                             f"unique; draw them with replay_tf.core.chunk_store.new_key")
+        return existing
 
     def get(self, keys: Iterable[int]) -> list:
         """The live chunks for `keys`; KeyError naming the first missing key."""
@@ -241,6 +310,21 @@ class Item:
         if used != set(chunks):
             raise ValueError(f"item {self.key}: chunks {sorted(set(chunks) - used)} are not referenced by "
                              f"the trajectory")
+
+    def same_data(self, other: "Item") -> bool:
+        """Whether `other` has this item's key and trajectory over the same chunk data (priority aside): the
+        same item sent again, e.g. by a writer that re-sends its unconfirmed items after a reconnect."""
+        if other is self:
+            return True
+        if other.key != self.key or len(other._columns) != len(self._columns):
+            return False
+        for mine, theirs in zip(self._columns, other._columns):
+            if len(mine) != len(theirs) or mine[0] != theirs[0]:
+                return False
+            for j in range(1, len(mine), 4):
+                if mine[j + 1:j + 4] != theirs[j + 1:j + 4] or not same_chunk(mine[j], theirs[j]):
+                    return False
+        return True
 
     @property
     def episode_ids(self) -> frozenset:

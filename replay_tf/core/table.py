@@ -293,6 +293,14 @@ class Table:
 
         Blocks while the rate limiter refuses the insert. When the table overflows `max_size`, the remover
         then deletes one item, possibly the new one.
+
+        An item whose key is already in the table must be the same item (same trajectory over the same
+        chunk data), sent again: e.g. by a writer re-sending its unconfirmed items after a reconnect, or to
+        set its priority as Reverb's `InsertOrAssign` does. Reverb also lets a different item under that key
+        take only the priority, silently dropping its data; here that is a ValueError naming the key.
+
+        Raises:
+          ValueError: for a bad priority, or a different item under a key the table holds.
         """
         self.check_priority(item.key, item.priority)
         with self._lock:
@@ -304,6 +312,10 @@ class Table:
                     waited = self._wait(self._insert_cv, lambda: self._limiter.can_insert(1), _deadline(timeout_ms))
                     existing = self._items.get(item.key)
             if existing is not None:
+                if existing is not item and not existing.same_data(item):
+                    raise ValueError(f"item key {item.key} is already used in table '{self._name}' by an item with "
+                                     f"other data: item keys must be unique (only the same item may be sent "
+                                     f"again); draw them with replay_tf.core.chunk_store.new_key")
                 self._update_locked(existing, item.priority)
                 self._inserting_s += time.perf_counter() - start - waited
                 return False

@@ -87,7 +87,7 @@ def test_max_times_sampled_and_mutate_order():
 def test_chunks_are_shared_and_freed():
     store = ChunkStore()
     chunk = store.insert(Chunk(5, [np.zeros((4, 2))], SequenceRange(1, 0, 3)))
-    assert store.insert(Chunk(5, [np.ones((4, 2))], SequenceRange(1, 0, 3))) is chunk  # first one wins
+    assert store.insert(Chunk(5, [np.zeros((4, 2))], SequenceRange(1, 0, 3))) is chunk  # the same chunk: stored once
     a, b = _table(name="a", max_size=1), _table(name="b", max_size=1)
     a.insert_or_assign(_item(1, chunk=chunk, rows=4))
     b.insert_or_assign(_item(2, chunk=chunk, rows=4))

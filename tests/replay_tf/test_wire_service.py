@@ -281,12 +281,12 @@ def test_remote_writer_reports_items_it_cannot_encode(server):
 
 def test_a_reused_chunk_key_is_checked_against_the_stored_chunk(channel, server):
     # Stream 1 stores chunk 300 (int32 [3, 2]) for a live item. Stream 2 sends another chunk 300 (float32
-    # [3, 2], as the signature wants) and an item on it: the item would refer to the stored int32 chunk
-    # (the first copy wins), so it is checked against that one and refused.
+    # [3, 2], as the signature wants) and an item on it: a different chunk under a live key is refused before
+    # any item can refer to either copy.
     _stream(channel, "InsertStream", [_request([_chunk(300, dtype=np.int32)], [(301, "t", [(300, 0, 3)], False)])])
     code, details = _status(lambda: _stream(channel, "InsertStream", [
         _request([_chunk(300)], [(302, "sig", [(300, 0, 2)], False)])]))
-    assert code == grpc.StatusCode.INVALID_ARGUMENT and "got dtype=int32 shape=[2, 2]" in details, details
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "chunk key 300 is already used by a different chunk" in details, details
     assert server.tables["sig"].get_item(302) is None
     server.tables["t"].mutate_items(deletes=[301])
 

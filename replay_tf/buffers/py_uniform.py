@@ -4,6 +4,12 @@ Items (one at a time: `add_batch` takes an outer batch of 1, as TF-Agents') go i
 one per leaf of `data_spec`; reads draw with numpy's global random generator exactly as TF-Agents 0.19
 does, so a seeded program samples the same items. Writes and reads are thread-safe.
 
+The buffer is a `tf.Module` whose numpy state goes into `tf.train.Checkpoint(rb=buffer)` under TF-Agents'
+names (`_storage/_np_state/buffer<i>`, `_np_state/size`, `cur_id`, `item_count`, each `np.save` bytes
+without pickle), so checkpoints move both ways between this buffer and TF-Agents' one. Subclasses change
+the stored encoding through TF-Agents' hooks `_encoded_data_spec`, `_encode`, `_decode`, `_on_delete`
+(see `PyHashedReplayBuffer`).
+
 Differences from TF-Agents (deliberate): sampling an empty buffer, or `num_steps` more than it holds, raises
 ValueError (TF-Agents returns uninitialized arrays, or numpy's error about `randint`); `gather_all` returns
 the items held, oldest first, shaped `[1, size, ...]` as `TFUniformReplayBuffer`'s (TF-Agents returns all
@@ -14,7 +20,9 @@ raises NotImplementedError).
 """
 from __future__ import annotations
 
+import io
 import threading
+import types
 from typing import Any, Optional
 
 import numpy as np
@@ -41,43 +49,135 @@ def _check_cast(where: str, leaf: np.ndarray, dtype: np.dtype) -> None:
                              f"[{info.min}, {info.max}]")
 
 
-class PyUniformReplayBuffer:
+class _ArrayState(tf.train.experimental.PythonState):
+    """One numpy array in a checkpoint, as `np.save` bytes (pickle refused), as TF-Agents' NumpyState leaves.
+
+    `shape`/`dtype` (storage arrays): what a restored array must be. TF-Agents saves a scalar 0 for
+    storage it never touched; that restores as zeros of the right shape.
+    """
+
+    def __init__(self, array: np.ndarray, where: str, shape: Optional[tuple] = None, dtype: Any = None):
+        self.array = array
+        self._where, self._shape, self._dtype = where, shape, dtype
+
+    def serialize(self) -> bytes:
+        out = io.BytesIO()
+        np.save(out, self.array, allow_pickle=False)
+        return out.getvalue()
+
+    def deserialize(self, string_value: bytes) -> None:
+        array = np.load(io.BytesIO(string_value), allow_pickle=False)
+        if self._shape is None:
+            self.array = array[()]
+            return
+        if array.ndim == 0:
+            array = np.zeros(self._shape, self._dtype)
+        if array.shape != self._shape or array.dtype != self._dtype:
+            raise ValueError(f"checkpoint value for {self._where} has shape {list(array.shape)} and dtype "
+                             f"{array.dtype.name}; this buffer stores {list(self._shape)} {np.dtype(self._dtype).name} "
+                             f"(restore into a buffer built with the same data_spec and capacity)")
+        self.array = array
+
+
+class PyUniformReplayBuffer(tf.Module):
     """A replay buffer of numpy arrays: `add_batch`, `get_next`, `as_dataset`, `gather_all`, `clear`.
 
     Args:
       data_spec: a nest of specs (`tf.TensorSpec`, TF-Agents `ArraySpec`s or anything with `shape` and
         `dtype`) describing one item; shapes fully defined.
       capacity: the most items held; the oldest is overwritten first.
+
+    >>> import os, tempfile
+    >>> rb = PyUniformReplayBuffer(tf.TensorSpec([], tf.int64), capacity=3)
+    >>> for i in range(4):
+    ...     rb.add_batch(np.array([i]))
+    >>> path = tf.train.Checkpoint(rb=rb).save(os.path.join(tempfile.mkdtemp(), "ckpt"))
+    >>> restored = PyUniformReplayBuffer(tf.TensorSpec([], tf.int64), capacity=3)
+    >>> _ = tf.train.Checkpoint(rb=restored).restore(path)
+    >>> restored.gather_all().tolist()
+    [[1, 2, 3]]
     """
 
     def __init__(self, data_spec: Any, capacity: int):
+        super().__init__()
         if int(capacity) < 1:
             raise ValueError(f"capacity ({capacity}) must be a positive integer")
-        self._data_spec = data_spec
-        self._capacity = int(capacity)
-        self._paths, self._shapes, self._dtypes = [], [], []
-        for path, spec in specs.flatten_with_paths(data_spec, root="data_spec"):
-            shape = tf.TensorShape(spec.shape)
-            if not shape.is_fully_defined():
-                raise ValueError(f"{path} has shape {shape}: PyUniformReplayBuffer needs fully defined shapes")
-            self._paths.append(path)
-            self._shapes.append(tuple(shape.as_list()))
-            self._dtypes.append(np.dtype(tf.as_dtype(spec.dtype).as_numpy_dtype))
-        if not self._paths:
-            raise ValueError(f"data_spec has no leaves: {data_spec!r}")
-        self._storage = [np.zeros((self._capacity, *shape), dtype) for shape, dtype in zip(self._shapes, self._dtypes)]
+        capacity = int(capacity)
+        # Plain (untracked) holders: tf.Module would wrap nests of specs in its trackable containers.
+        self._layout = types.SimpleNamespace(data_spec=data_spec, capacity=capacity,
+                                             **dict(zip(("paths", "shapes", "dtypes"), _leaves(data_spec, "data_spec"))))
+        encoded_spec = self._encoded_data_spec()
+        self._layout.encoded_spec = encoded_spec
+        _, encoded_shapes, encoded_dtypes = _leaves(encoded_spec, "encoded data_spec")
+        # Checkpointed state, under TF-Agents' names.
+        self._storage = tf.Module()
+        self._storage._np_state = tf.Module()
+        self._buffers = types.SimpleNamespace(states=[])
+        for index, (shape, dtype) in enumerate(zip(encoded_shapes, encoded_dtypes)):
+            state = _ArrayState(np.zeros((capacity, *shape), dtype), f"_storage/_np_state/buffer{index}",
+                                (capacity, *shape), dtype)
+            setattr(self._storage._np_state, f"buffer{index}", state)
+            self._buffers.states.append(state)
+        self._np_state = tf.Module()
+        for name in ("size", "cur_id", "item_count"):
+            setattr(self._np_state, name, _ArrayState(np.int64(0), f"_np_state/{name}"))
         self._lock = threading.Lock()
-        self._size = np.int64(0)
-        self._cur_id = np.int64(0)
-        self._item_count = np.int64(0)
+
+    # ----- subclass hooks (TF-Agents' names) -----
+    def _encoded_data_spec(self) -> Any:
+        """Spec of an item as stored (after `_encode`)."""
+        return self._layout.data_spec
+
+    def _encode(self, item: Any) -> Any:
+        """An item (a nest of numpy arrays, no batch dimension) as stored."""
+        return item
+
+    def _decode(self, item: Any) -> Any:
+        """A stored item back as the caller's item."""
+        return item
+
+    def _on_delete(self, encoded_item: Any) -> None:
+        """Called with a stored item just before it is overwritten."""
+
+    def _clear(self) -> None:
+        """Called (under the buffer's lock) when the buffer is cleared."""
+
+    # ----- state -----
+    @property
+    def _size(self) -> np.int64:
+        return np.int64(self._np_state.size.array)
+
+    @_size.setter
+    def _size(self, value) -> None:
+        self._np_state.size.array = np.int64(value)
+
+    @property
+    def _cur_id(self) -> np.int64:
+        return np.int64(self._np_state.cur_id.array)
+
+    @_cur_id.setter
+    def _cur_id(self, value) -> None:
+        self._np_state.cur_id.array = np.int64(value)
+
+    @property
+    def _item_count(self) -> np.int64:
+        return np.int64(self._np_state.item_count.array)
+
+    @_item_count.setter
+    def _item_count(self, value) -> None:
+        self._np_state.item_count.array = np.int64(value)
+
+    @property
+    def _capacity(self) -> int:
+        return self._layout.capacity
 
     @property
     def data_spec(self) -> Any:
-        return self._data_spec
+        return self._layout.data_spec
 
     @property
     def capacity(self) -> int:
-        return self._capacity
+        return self._layout.capacity
 
     @property
     def size(self) -> np.int64:
@@ -96,24 +196,35 @@ class PyUniformReplayBuffer:
           TypeError: `items` not structured like `data_spec` (naming the first difference).
           ValueError: a leaf of another shape, or whose values the spec's dtype would change (see `_check_cast`).
         """
-        specs.assert_same_structure(items, self._data_spec)
+        layout = self._layout
+        specs.assert_same_structure(items, layout.data_spec)
         leaves = [np.asarray(leaf) for leaf in specs.flatten(items)]
         batch = {leaf.shape[0] if leaf.ndim else None for leaf in leaves}
         if batch != {1}:
             raise NotImplementedError(f"PyUniformReplayBuffer only supports a batch size of 1, but received `items` "
                                       f"with batch size {sorted(batch, key=str)}")
-        for path, leaf, shape, dtype in zip(self._paths, leaves, self._shapes, self._dtypes):
+        for path, leaf, shape, dtype in zip(layout.paths, leaves, layout.shapes, layout.dtypes):
             if leaf.shape[1:] != shape:
                 raise ValueError(f"items{path[len('data_spec'):]} has shape {list(leaf.shape)}, expected "
                                  f"{[1, *shape]} (a batch of 1 of the spec's shape)")
             _check_cast(f"items{path[len('data_spec'):]}", leaf, dtype)
+        item = specs.pack_sequence_as(layout.data_spec, [leaf[0].astype(dtype, copy=False)
+                                                         for leaf, dtype in zip(leaves, layout.dtypes)])
         with self._lock:
-            index = self._cur_id
-            for array, leaf in zip(self._storage, leaves):
-                array[index] = leaf[0]
-            self._size = np.minimum(self._size + 1, self._capacity)
-            self._cur_id = (self._cur_id + 1) % self._capacity
-            self._item_count += 1
+            index, size = self._cur_id, self._size
+            if size == self._capacity:
+                self._on_delete(self._stored(index))
+            encoded = specs.flatten(self._encode(item))
+            for state, leaf in zip(self._buffers.states, encoded):
+                state.array[index] = leaf
+            self._size = min(size + 1, self._capacity)
+            self._cur_id = (index + 1) % self._capacity
+            self._item_count = self._item_count + 1
+
+    def _stored(self, index: int) -> Any:
+        """The encoded item at storage row `index` (copies)."""
+        return specs.pack_sequence_as(self._layout.encoded_spec,
+                                      [state.array[index].copy() for state in self._buffers.states])
 
     def get_next(self, sample_batch_size: Optional[int] = None, num_steps: Optional[int] = None,
                  time_stacked: bool = True) -> Any:
@@ -143,7 +254,7 @@ class PyUniformReplayBuffer:
         return self._stack(items) if time_stacked else items
 
     def _item(self, index: int) -> Any:
-        return specs.pack_sequence_as(self._data_spec, [array[index].copy() for array in self._storage])
+        return self._decode(self._stored(index))
 
     def _stack(self, items: list) -> Any:
         flat = [specs.flatten(item) for item in items]
@@ -161,11 +272,12 @@ class PyUniformReplayBuffer:
             raise NotImplementedError("PyUniformReplayBuffer does not support num_parallel_calls (must be None).")
         if single_deterministic_pass:
             raise NotImplementedError("PyUniformReplayBuffer does not support single_deterministic_pass.")
+        layout = self._layout
         outer = [] if sample_batch_size is None else [sample_batch_size]
         if num_steps is not None:
             outer.append(num_steps)
-        signature = specs.pack_sequence_as(self._data_spec, [
-            tf.TensorSpec([*outer, *shape], tf.as_dtype(dtype)) for shape, dtype in zip(self._shapes, self._dtypes)])
+        signature = specs.pack_sequence_as(layout.data_spec, [
+            tf.TensorSpec([*outer, *shape], tf.as_dtype(dtype)) for shape, dtype in zip(layout.shapes, layout.dtypes)])
 
         def generate():
             while True:
@@ -175,14 +287,37 @@ class PyUniformReplayBuffer:
 
     def gather_all(self) -> Any:
         """Every item held, oldest first, stacked as `[1, size, ...]`."""
+        layout = self._layout
         with self._lock:
             size, start = int(self._size), int(self._cur_id) if self._size == self._capacity else 0
             order = (start + np.arange(size)) % self._capacity
-            flat = [array[order][np.newaxis] for array in self._storage]
-        return specs.pack_sequence_as(self._data_spec, flat)
+            if type(self)._decode is PyUniformReplayBuffer._decode:
+                flat = [state.array[order][np.newaxis] for state in self._buffers.states]
+                return specs.pack_sequence_as(layout.data_spec, flat)
+            items = [specs.flatten(self._item(index)) for index in order]
+        flat = [np.stack(leaves)[np.newaxis] if items else np.zeros((1, 0, *shape), dtype)
+                for leaves, shape, dtype in zip(zip(*items) if items else [()] * len(layout.shapes),
+                                                layout.shapes, layout.dtypes)]
+        return specs.pack_sequence_as(layout.data_spec, flat)
 
     def clear(self) -> None:
         """Empties the buffer."""
         with self._lock:
-            self._size = np.int64(0)
-            self._cur_id = np.int64(0)
+            self._size = 0
+            self._cur_id = 0
+            self._clear()
+
+
+def _leaves(data_spec: Any, root: str) -> tuple[list, list, list]:
+    """(paths, shapes, numpy dtypes) of the leaves of a spec nest, shapes fully defined."""
+    paths, shapes, dtypes = [], [], []
+    for path, spec in specs.flatten_with_paths(data_spec, root=root):
+        shape = tf.TensorShape(spec.shape)
+        if not shape.is_fully_defined():
+            raise ValueError(f"{path} has shape {shape}: PyUniformReplayBuffer needs fully defined shapes")
+        paths.append(path)
+        shapes.append(tuple(shape.as_list()))
+        dtypes.append(np.dtype(tf.as_dtype(spec.dtype).as_numpy_dtype))
+    if not paths:
+        raise ValueError(f"{root} has no leaves: {data_spec!r}")
+    return paths, shapes, dtypes

@@ -127,3 +127,66 @@ def test_integers_and_bools_are_stored_when_their_values_fit():
                                          r"range \[0, 255\]"):
         rb.add_batch({"image": np.array([[0, 300]]), "done": np.array([0]), "x": np.array([0.0])})
     assert int(rb.size) == 2
+
+
+def _step(i):
+    return (np.full([1, 2], i / 2, np.float32), {"b": np.array([i], np.int64)})
+
+
+def test_checkpoint_round_trip(tmp_path):
+    rb = _make_buffer(4)
+    for i in range(6):                                   # wraps: items 2..5 held, ring start at row 2
+        rb.add_batch(_step(i))
+    path = tf.train.Checkpoint(rb=rb).save(str(tmp_path / "ckpt"))
+    rb.add_batch(_step(9))                               # changed after saving: the restore undoes it
+    restored = _make_buffer(4)
+    tf.train.Checkpoint(rb=restored).restore(path).assert_consumed()
+    rb.clear()
+    tf.train.Checkpoint(rb=rb).restore(path)
+    for buffer in (restored, rb):
+        assert int(buffer.size) == 4
+        assert buffer.gather_all()[1]["b"].tolist() == [[2, 3, 4, 5]]
+        buffer.add_batch(_step(6))                       # the ring position came back too: 2 is overwritten
+        assert buffer.gather_all()[1]["b"].tolist() == [[3, 4, 5, 6]]
+    wrong = replay_tf.PyUniformReplayBuffer((tf.TensorSpec([2], tf.float32), {"b": tf.TensorSpec([], tf.int64)}), 5)
+    with pytest.raises(ValueError, match=r"_storage/_np_state/buffer0 has shape \[4, 2\].*stores \[5, 2\]"):
+        tf.train.Checkpoint(rb=wrong).restore(path)
+
+
+_CHECKPOINT_PEER = """
+import os
+import numpy as np, tensorflow as tf
+from tf_agents.replay_buffers import py_uniform_replay_buffer
+from tf_agents.specs import array_spec
+def make_buffer(capacity):
+    spec = (array_spec.ArraySpec([2], np.float32), {"b": array_spec.ArraySpec([], np.int64)})
+    return py_uniform_replay_buffer.PyUniformReplayBuffer(spec, capacity)
+# Restore the checkpoint we wrote and sample it with a seed.
+rb = make_buffer(4)
+tf.train.Checkpoint(rb=rb).restore(INPUTS["ours"]).assert_consumed()
+emit("size", int(rb.size))
+np.random.seed(3)
+emit("sampled", rb.get_next(6, num_steps=2)[1]["b"].tolist())
+# Write one for us: 3 items, never wrapped (storage rows 3 untouched).
+rb = make_buffer(4)
+for i in range(3):
+    rb.add_batch((np.full([1, 2], i, np.float32), {"b": np.array([10 + i])}))
+emit("path", tf.train.Checkpoint(rb=rb).save(os.path.join(INPUTS["dir"], "theirs")))
+"""
+
+
+@pytest.mark.peer
+def test_checkpoints_move_between_tf_agents_and_here(peer, tmp_path):
+    rb = _make_buffer(4)
+    for i in range(6):
+        rb.add_batch(_step(i))
+    ours = tf.train.Checkpoint(rb=rb).save(str(tmp_path / "ours"))
+    out = peer.run(_CHECKPOINT_PEER, {"ours": ours, "dir": str(tmp_path)})
+    assert out["size"] == 4
+    np.random.seed(3)                                    # same numpy draws as TF-Agents: same windows
+    assert rb.get_next(6, num_steps=2)[1]["b"].tolist() == out["sampled"]
+    theirs = _make_buffer(4)
+    tf.train.Checkpoint(rb=theirs).restore(out["path"]).assert_consumed()
+    assert int(theirs.size) == 3
+    assert theirs.gather_all()[1]["b"].tolist() == [[10, 11, 12]]
+    assert theirs.gather_all()[0][0, :, 0].tolist() == [0.0, 1.0, 2.0]

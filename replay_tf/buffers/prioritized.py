@@ -85,6 +85,10 @@ class PrioritizedReplayBuffer(tf.Module):
         self._device, self._scope = device, scope
         self._functions: dict = self._no_dependency({})  # traced functions, not checkpointed
         capacity = self._buffer.batch_size * self._buffer.max_length
+        # Largest leaf weight priority**alpha: the tree's sums of up to `capacity` leaves then stay below
+        # float32's max with a factor 2 to spare for rounding, so no total ever overflows to inf (an inf
+        # total would make every draw fail for ever, new items inheriting the max priority).
+        self._weight_bound = float(np.finfo(np.float32).max) / (2 * capacity)
         with tf.device(device), tf.name_scope(scope):
             self._sums = sum_tree.make(capacity, fanout=fanout, reduce="sum", name="sum_tree")
             self._max_priority = tf.Variable(1.0, trainable=False, name="max_priority")
@@ -163,7 +167,9 @@ class PrioritizedReplayBuffer(tf.Module):
 
         Ids whose items have been overwritten since they were sampled are skipped (as Reverb does for
         deleted keys). Ids never issued by this buffer (negative, or newer than the newest item) and
-        negative, NaN or infinite priorities raise InvalidArgumentError.
+        negative, NaN or infinite priorities raise InvalidArgumentError, as do priorities with
+        `priority**alpha` above float32's max / (2 * capacity): a larger one could make the tree's
+        float32 totals overflow to inf (TF-Agents' buffer accepts it and then can never sample again).
         """
         ids = tf.convert_to_tensor(ids, dtype_hint=tf.int64)
         priorities = tf.convert_to_tensor(priorities, dtype_hint=tf.float32)
@@ -185,8 +191,8 @@ class PrioritizedReplayBuffer(tf.Module):
         # nothing when one fails; the error is raised here with the graph path's message.
         ok = self._run("update", self._update_impl, True, tensors=(ids, priorities), jit_compile=True).numpy()
         if not ok.all():
-            raise tf.errors.InvalidArgumentError(None, None, _update_error(int(np.argmin(ok)), ids, priorities,
-                                                                           self._buffer.state.last_id))
+            raise tf.errors.InvalidArgumentError(None, None, _update_error(
+                int(np.argmin(ok)), self._weight_bound, ids, priorities, self._buffer.state.last_id))
         return None
 
     def _update_impl(self, xla: bool, ids, priorities):
@@ -201,12 +207,14 @@ class PrioritizedReplayBuffer(tf.Module):
         capacity = batch_size * self._buffer.max_length
         last_id = state.last_id.read_value()
         steps = tf.math.floordiv(ids, batch_size)
-        ok = tf.stack([tf.reduce_all(tf.math.is_finite(priorities) & (priorities >= 0.0)),
+        weights_ok = tf.pow(priorities, self._alpha) <= self._weight_bound  # false for an overflowing power
+        ok = tf.stack([tf.reduce_all(tf.math.is_finite(priorities) & (priorities >= 0.0) & weights_ok),
                        tf.reduce_all((ids >= 0) & (steps <= last_id))])
         if not xla:
-            checks = [tf.debugging.Assert(ok[0], [_update_error(0), priorities], summarize=16)]
+            checks = [tf.debugging.Assert(ok[0], [_update_error(0, self._weight_bound), priorities], summarize=16)]
             with tf.control_dependencies(checks):
-                checks.append(tf.debugging.Assert(ok[1], [_update_error(1), ids, "newest step:", last_id],
+                checks.append(tf.debugging.Assert(ok[1], [_update_error(1, self._weight_bound), ids, "newest step:",
+                                                          last_id],
                                                   summarize=16))
             ids, priorities = _ring.after(checks, ids, priorities)
         rows = tf.math.floormod(ids, capacity)
@@ -406,11 +414,12 @@ def _padded(values):
     return tf.concat([values, tf.zeros([1], values.dtype)], 0)
 
 
-def _update_error(check: int, ids=None, priorities=None, last_id=None) -> str:
+def _update_error(check: int, weight_bound: float, ids=None, priorities=None, last_id=None) -> str:
     """The message of `update_priorities`' failed check (0: priorities, 1: ids), with the values if given."""
     if check == 0:
-        message = ("update_priorities: priorities must be finite and >= 0 (got NaN, inf or a negative "
-                   "value):")
+        message = (f"update_priorities: priorities must be finite and >= 0 with priority**alpha <= "
+                   f"{weight_bound:.6g} (float32 max / (2 * capacity), so that the sum tree's totals stay "
+                   f"finite); got NaN, inf, a negative value or one above the bound:")
         return message if priorities is None else f"{message} {np.asarray(priorities)[:16]}"
     message = ("update_priorities: unknown ids: every id must come from BufferInfo.ids of this buffer "
                "(0 <= id < (newest step + 1) * batch_size). ids:")

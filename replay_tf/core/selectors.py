@@ -15,6 +15,7 @@ import dataclasses
 import heapq
 import itertools
 import math
+import sys
 from typing import Optional
 
 import numpy as np
@@ -48,6 +49,19 @@ class KeyDistributionOptions:
             if getattr(self, field):
                 return field
         return None
+
+    def to_proto(self):
+        """These options as the `deepmind.reverb.KeyDistributionOptions` message `TableInfo` holds."""
+        from replay_tf.wire import schema_pb2  # noqa: PLC0415  (protos load TF; selector configs do not)
+        proto = schema_pb2.KeyDistributionOptions(is_deterministic=self.is_deterministic)
+        kind = self.WhichOneof("distribution")
+        if kind == "prioritized":
+            proto.prioritized.priority_exponent = self.prioritized.priority_exponent
+        elif kind == "heap":
+            proto.heap.min_heap = self.heap.min_heap
+        elif kind is not None:
+            setattr(proto, kind, True)
+        return proto
 
 
 class _Selector:
@@ -87,6 +101,20 @@ class Prioritized(_Selector):
 
     def options(self) -> KeyDistributionOptions:
         return KeyDistributionOptions(prioritized=PrioritizedOptions(self.priority_exponent))
+
+    def check_priority(self, key: int, priority: float, max_items: int, table_name: str) -> None:
+        """ValueError when `priority ** priority_exponent` exceeds `max_weight(max_items)`.
+
+        Reverb accepts any finite priority, and a few huge ones make its float64 total overflow to inf:
+        every probability is then reported as 0 and the sampler descends the tree on inf - inf. Bounding
+        each weight keeps the total of up to `max_items` weights finite by construction.
+        """
+        bound = max_weight(max_items)
+        if not _weight_within(priority, self.priority_exponent, bound):
+            raise ValueError(f"priority ({priority}) of item {key} is too large for table '{table_name}': its "
+                             f"weight priority ** {self.priority_exponent} must be <= {bound:.6g} (float64 max / "
+                             f"(2 * {max_items} items)) so that the Prioritized selector's total weight stays "
+                             f"finite; rescale the priorities")
 
     def _build(self):
         return PrioritizedDistribution(self.priority_exponent)
@@ -149,6 +177,24 @@ def from_options(options: KeyDistributionOptions) -> _Selector:
     if kind == "heap":
         return MinHeap() if options.heap.min_heap else MaxHeap()
     raise ValueError(f"KeyDistributionOptions sets no distribution: {options}")
+
+
+def max_weight(max_items: int) -> float:
+    """The largest weight `priority ** exponent` a prioritized distribution of `max_items` items accepts.
+
+    A sum of `max_items` weights up to this bound stays below float64's max with a factor 2 to spare for
+    rounding (the tree adds deltas along a path), so the total, and every node below it, is finite.
+    """
+    return sys.float_info.max / (2 * max(int(max_items), 1))
+
+
+def _weight_within(priority: float, exponent: float, bound: float) -> bool:
+    if priority == 0:
+        return True  # weight 0 whatever the exponent (see PrioritizedDistribution._weight)
+    try:
+        return math.pow(priority, exponent) <= bound
+    except OverflowError:
+        return False
 
 
 # --- distributions (per-table state) ---

@@ -39,22 +39,63 @@ class TableWorkerTime:
     waiting_for_sampling_ms: int = 0
     waiting_for_inserts_ms: int = 0
 
+    def to_proto(self):
+        """These times as the `deepmind.reverb.TableWorkerTime` message `TableInfo.table_worker_time` holds."""
+        return _schema_pb2().TableWorkerTime(**dataclasses.asdict(self))
 
-@dataclasses.dataclass(frozen=True)
+
+def _schema_pb2():
+    from replay_tf.wire import schema_pb2  # noqa: PLC0415  (protos load TF; the table's state does not)
+    return schema_pb2
+
+
+def _as_message(value: Any, message_name: str) -> Any:
+    """`value` as the `deepmind.reverb.<message_name>` message: a message of that type is kept (not copied);
+    one of the core's option/info records (anything with `to_proto()`) is converted."""
+    message_class = getattr(_schema_pb2(), message_name)
+    if isinstance(value, message_class):
+        return value
+    if hasattr(value, "to_proto"):
+        return value.to_proto()
+    raise TypeError(f"TableInfo needs a deepmind.reverb.{message_name} message, got {value!r} "
+                    f"({type(value).__name__}); pass the message (or the core's record with to_proto())")
+
+
+@dataclasses.dataclass
 class TableInfo:
-    """Reverb's `TableInfo`: configuration and state of a table; `signature` is a nest of `tf.TensorSpec`."""
+    """Reverb's `TableInfo`: configuration and state of a table.
+
+    As in Reverb, `signature` is a nest of `tf.TensorSpec` (or None) and the option and statistics fields
+    are the protobuf messages themselves, with the whole message API (`HasField`, `WhichOneof`, `CopyFrom`,
+    `SerializeToString`, equality with other messages): `sampler_options` and `remover_options` are
+    `KeyDistributionOptions`, `rate_limiter_info` a `RateLimiterInfo` and `table_worker_time` a
+    `TableWorkerTime` message of `replay_tf.wire.schema_pb2` (wire-compatible with `reverb.cc.schema_pb2`).
+    The constructor also accepts the core's records for them (`KeyDistributionOptions`, `RateLimiterInfo`,
+    `TableWorkerTime` dataclasses) and converts them.
+
+    >>> import replay_tf as reverb
+    >>> info = reverb.Table.queue('q', 10).info
+    >>> info.sampler_options.WhichOneof('distribution'), info.rate_limiter_info.HasField('insert_stats')
+    ('fifo', True)
+    """
     name: str
-    sampler_options: selectors_lib.KeyDistributionOptions
-    remover_options: selectors_lib.KeyDistributionOptions
+    sampler_options: Any
+    remover_options: Any
     max_size: int
     max_times_sampled: int
-    rate_limiter_info: rate_limiters_lib.RateLimiterInfo
+    rate_limiter_info: Any
     signature: Any
     current_size: int
     num_episodes: int
     num_deleted_episodes: int
     num_unique_samples: int
-    table_worker_time: TableWorkerTime = TableWorkerTime()
+    table_worker_time: Any = dataclasses.field(default_factory=lambda: _schema_pb2().TableWorkerTime())
+
+    def __post_init__(self):
+        self.sampler_options = _as_message(self.sampler_options, "KeyDistributionOptions")
+        self.remover_options = _as_message(self.remover_options, "KeyDistributionOptions")
+        self.rate_limiter_info = _as_message(self.rate_limiter_info, "RateLimiterInfo")
+        self.table_worker_time = _as_message(self.table_worker_time, "TableWorkerTime")
 
     @classmethod
     def from_serialized_proto(cls, proto_string: bytes) -> "TableInfo":
@@ -64,10 +105,9 @@ class TableInfo:
           ValueError: If `proto_string` is not a serialized `TableInfo`.
         """
         from replay_tf.wire import codec  # noqa: PLC0415  (the core does not depend on the wire format)
-        from replay_tf.wire import schema_pb2  # noqa: PLC0415
         from google.protobuf import message  # noqa: PLC0415
         try:
-            proto = schema_pb2.TableInfo.FromString(proto_string)
+            proto = _schema_pb2().TableInfo.FromString(proto_string)
         except (message.DecodeError, TypeError) as e:
             raise ValueError(f"not a serialized deepmind.reverb.TableInfo ({len(proto_string)} bytes): {e}") from None
         return codec.table_info_from_proto(proto)
@@ -270,6 +310,10 @@ class Table:
         if priority < 0 and self._prioritized:
             raise ValueError(f"priority ({priority}) of item {key} must be >= 0: table '{self._name}' uses a "
                              f"Prioritized selector")
+        for config in (self._sampler_config, self._remover_config):
+            if isinstance(config, selectors_lib.Prioritized):
+                # The table holds up to max_size + 1 items for a moment (insert, then the remover deletes).
+                config.check_priority(key, priority, self._max_size + 1, self._name)
 
     def check_signature(self, item: Item) -> None:
         """ValueError naming the column path when `item`'s columns contradict the table's signature."""
@@ -283,6 +327,24 @@ class Table:
         for (path, dtype, shape, spec), (got_dtype, got_shape) in zip(entries, columns):
             if got_dtype != dtype or not _shape_compatible(shape, got_shape):
                 raise ValueError(f"item {item.key} for table '{self._name}' does not match the table signature at "
+                                 f"column '{path}': expected {spec}, got dtype={np.dtype(got_dtype).name} "
+                                 f"shape={list(got_shape)}")
+
+    def check_column_layout(self, key: int, columns: Sequence[tuple]) -> None:
+        """`check_signature` for an item known by its columns' `(numpy dtype, shape)` (read from chunk headers,
+        nothing decoded): the rule of the insert stream and of checkpoint restores. A length-1 unsqueezed column
+        whose step matches the signature is accepted too: Reverb's `client.insert` sends steps so, and Reverb's
+        server stores them whatever the signature."""
+        entries = self._signature_entries
+        if entries is None:
+            return
+        if len(columns) != len(entries):
+            raise ValueError(f"item {key} for table '{self._name}' has {len(columns)} columns but the table "
+                             f"signature has {len(entries)}: {[e[0] for e in entries]}")
+        for (path, dtype, shape, spec), (got_dtype, got_shape) in zip(entries, columns):
+            legacy_step = got_shape[:1] == (1,) and _shape_compatible(shape, got_shape[1:])
+            if got_dtype != dtype or not (legacy_step or _shape_compatible(shape, got_shape)):
+                raise ValueError(f"item {key} for table '{self._name}' does not match the table signature at "
                                  f"column '{path}': expected {spec}, got dtype={np.dtype(got_dtype).name} "
                                  f"shape={list(got_shape)}")
 

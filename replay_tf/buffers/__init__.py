@@ -1,7 +1,9 @@
 """In-graph replay buffers on `tf.Variable` storage (TF-Agents' API, plus a prioritized variant), and TF-Agents'
-Python buffer on numpy arrays (`PyUniformReplayBuffer`)."""
+Python buffers on numpy arrays (`PyUniformReplayBuffer`, `PyHashedReplayBuffer`)."""
 from replay_tf.buffers.prioritized import PrioritizedBufferInfo
 from replay_tf.buffers.prioritized import PrioritizedReplayBuffer
+from replay_tf.buffers.py_hashed import FrameBuffer
+from replay_tf.buffers.py_hashed import PyHashedReplayBuffer
 from replay_tf.buffers.py_uniform import PyUniformReplayBuffer
 from replay_tf.buffers.replay_buffer import ReplayBuffer
 from replay_tf.buffers.uniform import BufferInfo
@@ -12,8 +14,10 @@ from replay_tf.buffers.uniform import end_of_episode_from_step_type
 
 __all__ = [
     "BufferInfo",
+    "FrameBuffer",
     "PrioritizedBufferInfo",
     "PrioritizedReplayBuffer",
+    "PyHashedReplayBuffer",
     "PyUniformReplayBuffer",
     "ReplayBuffer",
     "TFUniformReplayBuffer",

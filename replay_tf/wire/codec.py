@@ -590,17 +590,13 @@ def item_to_proto(item: chunk_store.Item, table: str, *, times_sampled: Optional
 
 # --- selectors, rate limiters, table info ---
 
-def key_distribution_options_to_proto(options: selectors_lib.KeyDistributionOptions
-                                      ) -> schema_pb2.KeyDistributionOptions:
-    proto = schema_pb2.KeyDistributionOptions(is_deterministic=options.is_deterministic)
-    kind = options.WhichOneof("distribution")
-    if kind == "prioritized":
-        proto.prioritized.priority_exponent = options.prioritized.priority_exponent
-    elif kind == "heap":
-        proto.heap.min_heap = options.heap.min_heap
-    elif kind is not None:
-        setattr(proto, kind, True)
-    return proto
+def key_distribution_options_to_proto(options: Any) -> schema_pb2.KeyDistributionOptions:
+    """A new `KeyDistributionOptions` message equal to `options` (the core's record or such a message)."""
+    if isinstance(options, schema_pb2.KeyDistributionOptions):
+        proto = schema_pb2.KeyDistributionOptions()
+        proto.CopyFrom(options)
+        return proto
+    return options.to_proto()
 
 
 def key_distribution_options_from_proto(proto: schema_pb2.KeyDistributionOptions
@@ -616,12 +612,13 @@ def key_distribution_options_from_proto(proto: schema_pb2.KeyDistributionOptions
     return selectors_lib.KeyDistributionOptions(**kwargs)
 
 
-def rate_limiter_info_to_proto(info: rate_limiters_lib.RateLimiterInfo) -> schema_pb2.RateLimiterInfo:
-    proto = schema_pb2.RateLimiterInfo(samples_per_insert=info.samples_per_insert, min_diff=info.min_diff,
-                                       max_diff=info.max_diff, min_size_to_sample=info.min_size_to_sample)
-    proto.insert_stats.completed = info.insert_stats.completed
-    proto.sample_stats.completed = info.sample_stats.completed
-    return proto
+def rate_limiter_info_to_proto(info: Any) -> schema_pb2.RateLimiterInfo:
+    """A new `RateLimiterInfo` message equal to `info` (the core's record or such a message)."""
+    if isinstance(info, schema_pb2.RateLimiterInfo):
+        proto = schema_pb2.RateLimiterInfo()
+        proto.CopyFrom(info)
+        return proto
+    return info.to_proto()
 
 
 def rate_limiter_info_from_proto(proto: schema_pb2.RateLimiterInfo) -> rate_limiters_lib.RateLimiterInfo:
@@ -643,41 +640,37 @@ def decode_signature(proto) -> Any:
 
 
 def table_info_to_proto(info: table_lib.TableInfo) -> schema_pb2.TableInfo:
-    """A core `TableInfo` as the `TableInfo` proto (signature encoded as a `StructuredValue`)."""
+    """A `TableInfo` as the `TableInfo` proto (signature encoded as a `StructuredValue`)."""
     proto = schema_pb2.TableInfo(name=info.name, max_size=info.max_size, max_times_sampled=info.max_times_sampled,
                                  current_size=info.current_size, num_episodes=info.num_episodes,
                                  num_deleted_episodes=info.num_deleted_episodes,
                                  num_unique_samples=info.num_unique_samples)
-    proto.sampler_options.CopyFrom(key_distribution_options_to_proto(info.sampler_options))
-    proto.remover_options.CopyFrom(key_distribution_options_to_proto(info.remover_options))
-    proto.rate_limiter_info.CopyFrom(rate_limiter_info_to_proto(info.rate_limiter_info))
+    # TableInfo holds these as messages of this module's types (it converts the core's records).
+    proto.sampler_options.CopyFrom(info.sampler_options)
+    proto.remover_options.CopyFrom(info.remover_options)
+    proto.rate_limiter_info.CopyFrom(info.rate_limiter_info)
+    proto.table_worker_time.CopyFrom(info.table_worker_time)
     if info.signature is not None:
         proto.signature.CopyFrom(encode_signature(info.signature))
-    worker_time = info.table_worker_time
-    for field in ("running_ms", "sampling_ms", "inserting_ms", "sleeping_ms", "waiting_for_sampling_ms",
-                  "waiting_for_inserts_ms"):
-        setattr(proto.table_worker_time, field, getattr(worker_time, field))
     return proto
 
 
 def table_info_from_proto(proto: schema_pb2.TableInfo) -> table_lib.TableInfo:
-    """A `TableInfo` proto as the core's `TableInfo` (signature decoded to a `tf.TensorSpec` nest)."""
-    worker_time = proto.table_worker_time
+    """A `TableInfo` proto as a `TableInfo` (signature decoded to a `tf.TensorSpec` nest; the option and
+    statistics fields are the proto's own sub-messages, as in Reverb's `TableInfo.from_serialized_proto`)."""
     return table_lib.TableInfo(
         name=proto.name,
-        sampler_options=key_distribution_options_from_proto(proto.sampler_options),
-        remover_options=key_distribution_options_from_proto(proto.remover_options),
+        sampler_options=proto.sampler_options,
+        remover_options=proto.remover_options,
         max_size=proto.max_size,
         max_times_sampled=proto.max_times_sampled,
-        rate_limiter_info=rate_limiter_info_from_proto(proto.rate_limiter_info),
+        rate_limiter_info=proto.rate_limiter_info,
         signature=decode_signature(proto.signature) if proto.HasField("signature") else None,
         current_size=proto.current_size,
         num_episodes=proto.num_episodes,
         num_deleted_episodes=proto.num_deleted_episodes,
         num_unique_samples=proto.num_unique_samples,
-        table_worker_time=table_lib.TableWorkerTime(
-            worker_time.running_ms, worker_time.sampling_ms, worker_time.inserting_ms, worker_time.sleeping_ms,
-            worker_time.waiting_for_sampling_ms, worker_time.waiting_for_inserts_ms))
+        table_worker_time=proto.table_worker_time)
 
 
 def _tensor_proto_class():

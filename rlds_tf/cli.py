@@ -5,6 +5,9 @@
       returns (sum of rewards) and lengths; `--plot` draws both per episode (needs matplotlib).
   rlds-tf convert SRC DST --format array_record|tfrecord [--max-episodes-per-file N]
       rewrites a dataset in the other on-disk format (same features, splits and episodes, in order).
+  rlds-tf recover DIR
+      repairs a directory left by a killed rlds_tf recorder (see `rlds_tf.recording.recover`); reading a
+      dataset (info, convert, `rlds_tf.load`) never writes into it.
 
 DIR_OR_NAME is a dataset directory (the one holding dataset_info.json, e.g. what `rlds_tf.EnvLogger` wrote)
 or a registered TFDS name such as `d4rl_mujoco_hopper/v2-medium` (then `--data-dir` is TFDS's data dir).
@@ -222,6 +225,22 @@ def convert_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def recover_command(args: argparse.Namespace) -> int:
+    from rlds_tf.recording import crash_recovery  # noqa: PLC0415
+
+    directory = os.path.expanduser(args.directory)
+    if not os.path.isdir(directory):
+        print(f"rlds-tf recover: {directory!r} is not a directory", file=sys.stderr)
+        return 1
+    try:
+        changed = crash_recovery.recover(directory)
+    except (FileNotFoundError, ValueError, RuntimeError) as e:
+        print(f"rlds-tf recover: {e}", file=sys.stderr)
+        return 1
+    print(f"recovered {directory}" if changed else f"{directory} needs no recovery")
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlds-tf", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -244,6 +263,9 @@ def _parser() -> argparse.ArgumentParser:
     convert_parser.add_argument("--max-episodes-per-file", type=int, default=1000, metavar="N",
                                 help="episodes per shard of DST (default 1000)")
     convert_parser.set_defaults(run=convert_command)
+    recover_parser = commands.add_parser("recover", help="repair a directory left by a killed recorder")
+    recover_parser.add_argument("directory", metavar="DIR", help="dataset directory holding dataset_info.json")
+    recover_parser.set_defaults(run=recover_command)
     return parser
 
 

@@ -43,7 +43,7 @@ def _looks_like_path(name: str) -> bool:
 
 
 def builder(name_or_dir: PathOrName, *, data_dir: Optional[str] = None, validate: bool = True,
-            recover: bool = True) -> tfds.core.DatasetBuilder:
+            recover: bool = False) -> tfds.core.DatasetBuilder:
     """The TFDS builder behind `load`: by TFDS name, by directory, or several directories merged.
 
     Args:
@@ -51,12 +51,15 @@ def builder(name_or_dir: PathOrName, *, data_dir: Optional[str] = None, validate
         `dataset_info.json`), or a list of such directories with the same features (merged).
       data_dir: TFDS data dir for names.
       validate: check that the features are RLDS (`steps` with every core step field).
-      recover: repair a directory left by a killed rlds_tf recorder first (never while it writes into it;
-        other writers' directories are left as they are: call `rlds_tf.recording.recover` for those).
+      recover: True repairs a directory left by a killed rlds_tf recorder before reading it (never while it
+        writes into it; see `rlds_tf.recording.recover`). By default reading never writes: a directory whose
+        recorder was killed loads the episodes its metadata lists when TFDS can read them as they are, and
+        otherwise raises a ValueError saying to run `rlds_tf.recording.recover(dir)` or `rlds-tf recover DIR`.
 
     Raises:
       FileNotFoundError: a directory does not exist.
-      ValueError: not a TFDS dataset directory, or not an RLDS dataset (names the missing field).
+      ValueError: not a TFDS dataset directory, not an RLDS dataset (names the missing field), or a
+        crashed recording that needs `recover` first.
     """
     if isinstance(name_or_dir, (list, tuple)):
         if not name_or_dir:
@@ -94,16 +97,27 @@ def _check_dir(directory: str, recover: bool) -> str:
         children = sorted(os.listdir(directory))[:10]
         raise ValueError(f"{directory!r} is not a TFDS dataset directory: missing {missing} (it holds {children}); "
                          f"point at the directory that contains dataset_info.json, e.g. <name>/<version>")
-    # Only directories written by rlds_tf's recorder (they hold its lock file) are repaired automatically: for
-    # them the metadata lists every complete episode, and the lock tells a live writer from a dead one.
+    # Only directories written by rlds_tf's recorder (they hold its lock file) are checked: for them the metadata
+    # lists every complete episode, and the lock tells a live writer from a dead one.
     written_by_us = os.path.exists(os.path.join(directory, _tfrecord_files.LOCK_FILE))
-    if (recover and written_by_us and not _tfrecord_files.writer_is_active(directory)
-            and crash_recovery.needs_recovery(directory)):
-        try:
-            crash_recovery.recover(directory)
-        except OSError as e:  # e.g. a read-only copy: TFDS may still fail on the cut record, with its own error
-            logging.warning("rlds_tf: %s needs crash recovery but it failed (%s); loading it as it is",
-                            directory, e)
+    if not written_by_us or _tfrecord_files.writer_is_active(directory):
+        return directory
+    if recover:
+        crash_recovery.recover(directory)
+        return directory
+    plan = crash_recovery.plan(directory)
+    if plan is None or not plan.changed:
+        return directory
+    if plan.unreadable:
+        raise ValueError(f"{directory!r} was left by a recorder that was killed mid-write: shard(s) "
+                         f"{[os.path.basename(p) for p in plan.unreadable]} hold a record cut short or records its "
+                         f"dataset_info.json does not list, which TFDS cannot read. Repair it first (keeps every "
+                         f"complete episode): rlds_tf.recording.recover({directory!r}), `rlds-tf recover "
+                         f"{directory}`, or load(..., recover=True)")
+    logging.warning("rlds_tf: %s was left by a recorder that was killed; loading the episodes its metadata "
+                    "lists. rlds_tf.recording.recover(%r) (or `rlds-tf recover DIR`) repairs it and lists any "
+                    "other complete episode", directory, directory)
+    return directory
     return directory
 
 
@@ -195,7 +209,7 @@ def _array_record_dataset(dataset_builder, split, *, shuffle_files, read_config,
 
 def load(name_or_dir: PathOrName, split: Any = None, *, data_dir: Optional[str] = None,
          shuffle_files: bool = False, read_config: Optional[tfds.ReadConfig] = None,
-         decoders: Optional[dict] = None, validate: bool = True, recover: bool = True) -> Any:
+         decoders: Optional[dict] = None, validate: bool = True, recover: bool = False) -> Any:
     """Loads RLDS episodes; each episode's `steps` is a nested `tf.data.Dataset`, exactly as TFDS gives it.
 
     Args:
@@ -223,7 +237,7 @@ def load(name_or_dir: PathOrName, split: Any = None, *, data_dir: Optional[str] 
 
 def load_stacked(name_or_dir: PathOrName, split: Any, *, data_dir: Optional[str] = None,
                  shuffle_files: bool = False, read_config: Optional[tfds.ReadConfig] = None,
-                 validate: bool = True, recover: bool = True) -> tf.data.Dataset:
+                 validate: bool = True, recover: bool = False) -> tf.data.Dataset:
     """Episodes whose `steps` is a dict of `[T, ...]` tensors: same values as `load`, no nested datasets."""
     dataset_builder = builder(name_or_dir, data_dir=data_dir, validate=validate, recover=recover)
     _check_split(dataset_builder, split)
@@ -236,7 +250,7 @@ def load_stacked(name_or_dir: PathOrName, split: Any, *, data_dir: Optional[str]
 def load_steps(name_or_dir: PathOrName, split: Any, *, batch_size: Optional[int] = None,
                drop_remainder: bool = False, data_dir: Optional[str] = None, shuffle_files: bool = False,
                read_config: Optional[tfds.ReadConfig] = None, validate: bool = True,
-               recover: bool = True) -> tf.data.Dataset:
+               recover: bool = False) -> tf.data.Dataset:
     """All steps of all episodes in order, as one flat dataset (`batch_size` set: batches of steps).
 
     Same elements as `load(...).flat_map(lambda e: e['steps'])` (then `.batch(batch_size)`), without building

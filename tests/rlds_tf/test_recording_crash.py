@@ -96,7 +96,7 @@ def test_kill_9_keeps_every_completed_episode(tmp_path, min_episodes, extra_dela
         proc.stdout.close()
     assert not _tfrecord_files.writer_is_active(directory)  # the OS released the lock with the process
     assert reported == list(range(1, len(reported) + 1)) and len(reported) >= min_episodes
-    loaded = [e["steps"] for e in to_numpy(rlds.load_stacked(directory, "train"))]
+    loaded = [e["steps"] for e in to_numpy(rlds.load_stacked(directory, "train", recover=True))]
     assert len(loaded) >= completed_before_kill
     # Every episode the recorder completed loads, and nothing else: an episode completed after its last
     # report (killed between `step()` returning LAST and the print) is the only one that may be extra.
@@ -180,7 +180,7 @@ def test_recover_each_crash_point(tmp_path, case):
         expected = 5
     needs = crash_recovery.needs_recovery(directory)
     assert needs == (case != "leftover_tmp_file")
-    loaded = [e["steps"] for e in to_numpy(rlds.load_stacked(directory, "train"))]
+    loaded = [e["steps"] for e in to_numpy(rlds.load_stacked(directory, "train", recover=True))]
     assert_nested_equal(loaded, _expected_episodes(expected))
     assert not crash_recovery.needs_recovery(directory)
     assert len(to_numpy(tfds.builder_from_directory(directory).as_dataset(split="train"))) == expected

@@ -1,0 +1,145 @@
+"""Reading datasets never writes, crash recovery stays inside the dataset, and broken inputs fail clearly.
+
+Hostile directories are built from a clean 3-episode recording (shards of 2 and 1 episodes) by editing its
+files the way a crash or an attacker would.
+"""
+import hashlib
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+import rlds_tf as rlds
+from rlds_tf import cli
+from rlds_tf.recording import Catch
+from rlds_tf.recording import _tfrecord_files
+from rlds_tf.recording import crash_recovery
+
+SHARD = "rlds_dataset-train.tfrecord-{:05d}"
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory):
+    """A recorded Catch dataset: 3 episodes in shards [2, 1], the recorder's lock file left behind."""
+    directory = str(tmp_path_factory.mktemp("clean") / "ds")
+    with rlds.EnvLogger(Catch(rows=4, seed=5), data_directory=directory, max_episodes_per_file=2) as env:
+        for e in range(3):
+            timestep = env.reset()
+            while not timestep.last():
+                timestep = env.step(e % 3)
+    assert os.path.exists(os.path.join(directory, _tfrecord_files.LOCK_FILE))
+    return directory
+
+
+def _copy(clean, tmp_path, name="ds"):
+    directory = str(tmp_path / name)
+    shutil.copytree(clean, directory)
+    return directory
+
+
+def _snapshot(root):
+    """{relative path: sha256} of every file under `root` (symlinks by their target path)."""
+    out = {}
+    for folder, _, names in os.walk(root):
+        for name in names:
+            path = os.path.join(folder, name)
+            if os.path.islink(path):
+                out[os.path.relpath(path, root)] = "link:" + os.readlink(path)
+            else:
+                with open(path, "rb") as f:
+                    out[os.path.relpath(path, root)] = hashlib.sha256(f.read()).hexdigest()
+    return out
+
+
+def _cut_last_shard(directory):
+    """What a kill inside a write leaves: the start of a record after the last complete one."""
+    with open(os.path.join(directory, SHARD.format(0)), "rb") as f:
+        start = f.read(37)
+    with open(os.path.join(directory, SHARD.format(1)), "ab") as f:
+        f.write(start)
+
+
+def _edit_info(directory, **split_fields):
+    path = os.path.join(directory, "dataset_info.json")
+    with open(path) as f:
+        info = json.load(f)
+    info["splits"][0].update(split_fields)
+    with open(path, "w") as f:
+        json.dump(info, f)
+
+
+def _num_episodes(directory, **kwargs):
+    return sum(1 for _ in rlds.load(directory, split="train", **kwargs))
+
+
+# --- reading never writes; recovery only on request ---
+
+def test_loading_a_crashed_recording_writes_nothing_and_says_to_recover(clean, tmp_path):
+    directory = _copy(clean, tmp_path)
+    _cut_last_shard(directory)
+    before = _snapshot(str(tmp_path))
+    with pytest.raises(ValueError, match=r"killed mid-write: shard\(s\) \['rlds_dataset-train.tfrecord-00001'\].*"
+                                         r"rlds_tf.recording.recover\("):
+        rlds.load(directory, split="train")
+    assert cli.main(["info", directory]) == 1
+    assert _snapshot(str(tmp_path)) == before
+    # Recovery on request: the cut record goes, every complete episode loads.
+    assert cli.main(["recover", directory]) == 0
+    assert os.path.getsize(os.path.join(directory, SHARD.format(1))) == os.path.getsize(
+        os.path.join(clean, SHARD.format(1)))
+    assert _num_episodes(directory) == 3
+    assert cli.main(["recover", directory]) == 0 and not crash_recovery.needs_recovery(directory)
+
+
+def test_load_with_recover_true_repairs_first(clean, tmp_path):
+    directory = _copy(clean, tmp_path)
+    _cut_last_shard(directory)
+    assert _num_episodes(directory, recover=True) == 3
+
+
+def test_readable_crash_leftovers_load_the_listed_episodes_without_writing(clean, tmp_path):
+    directory = _copy(clean, tmp_path)
+    _edit_info(directory, shardLengths=["2"])        # killed before the metadata listed shard 1
+    before = _snapshot(directory)
+    assert crash_recovery.needs_recovery(directory)
+    assert _num_episodes(directory) == 2
+    assert _snapshot(directory) == before
+    assert crash_recovery.recover(directory)
+    assert _num_episodes(directory) == 3
+
+
+@pytest.mark.parametrize("template", [
+    "../victim-{SHARD_INDEX}",
+    "{ABSOLUTE}/victim-{SHARD_INDEX}",
+    "sub/../../victim-{SHARD_INDEX}",
+])
+def test_recovery_never_touches_files_outside_the_dataset(clean, tmp_path, template):
+    directory = _copy(clean, tmp_path)
+    victim = tmp_path / "victim-00001"                 # what the template names for the last shard
+    victim.write_bytes(b"precious " * 100)
+    template = template.replace("{ABSOLUTE}", str(tmp_path))
+    _edit_info(directory, filepathTemplate=template)
+    before = _snapshot(str(tmp_path))
+    with pytest.raises(ValueError, match=r"not a file directly inside the dataset directory"):
+        crash_recovery.recover(directory)
+    with pytest.raises(ValueError, match=r"not a file directly inside the dataset directory"):
+        rlds.load(directory, split="train")
+    assert cli.main(["info", directory]) == 1
+    assert cli.main(["recover", directory]) == 1
+    assert _snapshot(str(tmp_path)) == before
+
+
+def test_recovery_refuses_a_shard_that_links_outside(clean, tmp_path):
+    directory = _copy(clean, tmp_path)
+    victim = tmp_path / "victim"
+    with open(os.path.join(clean, SHARD.format(1)), "rb") as f:
+        victim.write_bytes(f.read() + b"\x99" * 40)
+    os.unlink(os.path.join(directory, SHARD.format(1)))
+    os.symlink(victim, os.path.join(directory, SHARD.format(1)))
+    before = _snapshot(str(tmp_path))
+    with pytest.raises(ValueError, match="not a file directly inside"):
+        crash_recovery.recover(directory)
+    assert _snapshot(str(tmp_path)) == before
+    np.testing.assert_equal(victim.stat().st_size, os.path.getsize(os.path.join(clean, SHARD.format(1))) + 40)

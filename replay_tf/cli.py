@@ -20,7 +20,11 @@ The config is JSON or YAML (YAML needs PyYAML)::
 Then ``replay-tf serve --config tables.yaml --port 8000`` serves the tables (Reverb's gRPC protocol: dm-reverb
 clients and `replay_tf.Client` connect to ``host:port``) and prints per-table statistics every
 ``--stats-interval`` seconds. With ``--checkpoint-dir`` the newest checkpoint there is restored at start and a
-checkpoint is written on exit (and every ``--checkpoint-interval`` seconds). Ctrl-C (or SIGTERM) stops cleanly.
+checkpoint is written on exit (and every ``--checkpoint-interval`` seconds; one that fails, e.g. on a full disk,
+is reported and retried at the next interval while the server keeps serving and the previous checkpoint
+stays). Ctrl-C, SIGTERM or SIGHUP stops cleanly: the tables first refuse inserts (writers get UNAVAILABLE and
+keep their unconfirmed items to send again), then the exit checkpoint is written, so it holds every item
+whose insert was confirmed.
 ``--tls-cert cert.pem --tls-key key.pem`` serves over TLS and ``--auth-token-file token.txt`` requires the token
 in that file from every client (`replay_tf.set_connection_options` or REPLAY_TF_AUTH_TOKEN on the client side).
 """
@@ -237,31 +241,63 @@ def serve(args: argparse.Namespace) -> int:
         print(f"replay-tf serve: cannot start the server: {e}", file=sys.stderr)
         return 1
     stop = threading.Event()
-    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in _STOP_SIGNALS}
+    status = 0
     try:
         restored = {name: table.size() for name, table in server.tables.items() if table.size()}
         protection = [name for name, on in (("TLS", server_credentials), ("auth token", auth_token)) if on]
         print(f"replay-tf: serving tables {sorted(server.tables)} on {host}:{server.port}"
               + (f" with {' and '.join(protection)}" if protection else "")
               + (f" (restored from {checkpoint_dir}: {restored})" if restored else ""), flush=True)
-        reporter = StatsReporter(server)
-        next_checkpoint = (time.monotonic() + args.checkpoint_interval
-                           if checkpointer and args.checkpoint_interval else None)
-        while not stop.wait(args.stats_interval):
-            for line in reporter.report():
-                print(line, flush=True)
-            if next_checkpoint is not None and time.monotonic() >= next_checkpoint:
-                print(f"checkpoint: {server.checkpoint()}", flush=True)
-                next_checkpoint = time.monotonic() + args.checkpoint_interval
+        dropped = getattr(checkpointer, "dropped_items", None)
+        if dropped:
+            print(f"replay-tf: the restore left out {len(dropped)} items whose chunks cannot be decoded: "
+                  f"{[(d.table, d.key) for d in dropped]}", file=sys.stderr, flush=True)
+        run_until_stopped(server, stop, stats_interval=args.stats_interval,
+                          checkpoint_interval=args.checkpoint_interval if checkpointer else None)
         print("replay-tf: stopping", flush=True)
-        if checkpointer is not None:
-            print(f"checkpoint: {server.checkpoint()}", flush=True)
+        # No insert may be confirmed after the exit checkpoint has read the tables.
+        server.refuse_inserts()
+        if checkpointer is not None and _checkpoint(server) is None:
+            status = 1
     finally:
         server.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     print("replay-tf: stopped", flush=True)
-    return 0
+    return status
+
+
+# SIGHUP (the terminal or ssh session went away) would otherwise end the process without the exit checkpoint.
+_STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
+def _checkpoint(server) -> Optional[str]:
+    """Writes a checkpoint and prints its path; prints why and returns None when writing fails with OSError
+    (e.g. a full disk: the save removed what it wrote, and the previous checkpoint stays)."""
+    try:
+        path = server.checkpoint()
+    except OSError as e:
+        print(f"replay-tf: checkpoint failed, the previous checkpoint stays: {type(e).__name__}: {e}",
+              file=sys.stderr, flush=True)
+        return None
+    print(f"checkpoint: {path}", flush=True)
+    return path
+
+
+def run_until_stopped(server, stop: threading.Event, *, stats_interval: float,
+                      checkpoint_interval: Optional[float] = None) -> None:
+    """Prints per-table statistics every `stats_interval` seconds and checkpoints every `checkpoint_interval`
+    seconds (None: never) until `stop` is set. A checkpoint that fails is reported and tried again one
+    interval later; serving goes on."""
+    reporter = StatsReporter(server)
+    next_checkpoint = time.monotonic() + checkpoint_interval if checkpoint_interval else None
+    while not stop.wait(stats_interval):
+        for line in reporter.report():
+            print(line, flush=True)
+        if next_checkpoint is not None and time.monotonic() >= next_checkpoint:
+            _checkpoint(server)
+            next_checkpoint = time.monotonic() + checkpoint_interval
 
 
 def _security_options(args: argparse.Namespace) -> tuple:

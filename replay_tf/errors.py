@@ -21,6 +21,11 @@ class CancelledError(ReverbError):
     """A call was cancelled because its table (or server) was closed while it waited."""
 
 
+class UnavailableError(ReverbError):
+    """A table refuses inserts for now (its server is shutting down); the gRPC status is UNAVAILABLE, on which
+    writers reconnect and send their unconfirmed items again."""
+
+
 def table_not_found(name: str, tables) -> TableNotFoundError:
     """The error for a call naming table `name` on a server whose tables are `tables` (names)."""
     return TableNotFoundError(f"Priority table {name} was not found. The server has tables: {sorted(tables)}")

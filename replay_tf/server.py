@@ -166,6 +166,13 @@ class Server:
             raise ValueError("this server has no checkpointer: pass checkpointer=... to Server to checkpoint")
         return self._checkpointer.save(self)
 
+    def refuse_inserts(self) -> None:
+        """Makes every table refuse inserts from now on (sampling goes on): remote writers get UNAVAILABLE and
+        keep their unconfirmed items to send again. Called before a final checkpoint (`replay-tf serve` on
+        exit), so that every item whose insert was confirmed is in it."""
+        for table in self._tables.values():
+            table.refuse_inserts()
+
     def localhost_client(self):
         """A `Client` for this server."""
         from replay_tf.client import Client  # noqa: PLC0415  (client imports server)

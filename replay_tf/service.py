@@ -10,9 +10,10 @@ Protocol (see ../shared/reference/reverb.md §2), as a dm-reverb 0.14 client exp
     (`_InsertQueue`), and when it holds Reverb's `max(1, min(0.1 * max_size, 1000))` items the stream is
     not read meanwhile (back-pressure); the keys of inserted items are sent back as confirmations, those
     completed meanwhile coalesced into one response.
-    Items are checked against the chunks' headers (nothing is decoded) and the table signature; a length-1
-    unsqueezed column whose step matches the signature is accepted, because Reverb's `client.insert`
-    sends those and Reverb stores them.
+    Each chunk's content is decoded once on arrival and dropped (a truncated or corrupt Snappy body is
+    refused with INVALID_ARGUMENT before any item can use it); items are checked against the chunks' headers
+    and the table signature; a length-1 unsqueezed column whose step matches the signature is accepted,
+    because Reverb's `client.insert` sends those and Reverb stores them.
   - `SampleStream`: each request asks for `num_samples`; the table answers in flexible batches (64 first,
     then doubling) and every sample becomes one or more entries (the first carries `info`, the last has
     `end_of_sequence`), several samples per response up to ~2 MiB. A rate-limiter timeout with nothing
@@ -107,8 +108,6 @@ class _TableEntry:
         self.table = table
         self.name = table.name
         self.table_field = _raw.table_field(table.name)
-        self.signature_entries = (table_lib._signature_entries(table.signature)
-                                  if table.signature is not None else None)
         self._signature_proto = None
         self.inserts = _InsertQueue(table)
 
@@ -290,6 +289,8 @@ class ReverbServicer:
             context.abort(e.code, e.details)
         except errors.CancelledError as e:
             context.abort(grpc.StatusCode.CANCELLED, str(e))
+        except errors.UnavailableError as e:
+            context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
         except ValueError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         except Exception as e:  # noqa: BLE001  (one bad call must never take the server down)
@@ -305,6 +306,8 @@ class ReverbServicer:
             context.abort(e.code, e.details)
         except errors.CancelledError as e:
             context.abort(grpc.StatusCode.CANCELLED, str(e))
+        except errors.UnavailableError as e:
+            context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
         except ValueError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         except grpc.RpcError:
@@ -425,7 +428,7 @@ class ReverbServicer:
                     # A chunk is kept as the bytes it arrived as (a slice of the request), not serialized again.
                     serialized = raw[ranges[index][0]:ranges[index][1]] if ranges else None
                     try:
-                        chunk, headers = codec.chunk_from_proto(chunk_proto, serialized)
+                        chunk, headers = codec.chunk_from_proto(chunk_proto, serialized, check_content=True)
                     except codec.ChunkDecodeError as e:
                         raise _StatusError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
                     stored = self._chunk_store.insert(chunk)
@@ -529,20 +532,7 @@ class ReverbServicer:
 
     @staticmethod
     def _check_signature(entry: _TableEntry, key: int, columns: list) -> None:
-        entries = entry.signature_entries
-        if entries is None:
-            return
-        if len(columns) != len(entries):
-            raise ValueError(f"item {key} for table '{entry.name}' has {len(columns)} columns but the table "
-                             f"signature has {len(entries)}: {[e[0] for e in entries]}")
-        for (path, dtype, shape, spec), (got_dtype, got_shape) in zip(entries, columns):
-            # Reverb's `client.insert` (legacy writer) sends steps as unsqueezed length-1 columns; Reverb's
-            # server stores them whatever the signature, so the step's own shape is accepted too.
-            legacy_step = got_shape[:1] == (1,) and table_lib._shape_compatible(shape, got_shape[1:])
-            if got_dtype != dtype or not (legacy_step or table_lib._shape_compatible(shape, got_shape)):
-                raise ValueError(f"item {key} for table '{entry.name}' does not match the table signature at "
-                                 f"column '{path}': expected {spec}, got dtype={np.dtype(got_dtype).name} "
-                                 f"shape={list(got_shape)}")
+        entry.table.check_column_layout(key, columns)
 
     @staticmethod
     def _insert(table: table_lib.Table, item, stream: _InsertStreamState) -> None:

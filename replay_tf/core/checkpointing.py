@@ -8,8 +8,15 @@
     Everything is written to `<root>/.partial-<name>/`, flushed to disk, completed by a `DONE` file and
     only then renamed into place, so a crash at any point leaves the previous checkpoint loadable. Older
     checkpoints beyond `keep_latest` are deleted afterwards.
+    Saves are serialized (one at a time per root in a process: a client's `Checkpoint` call during a
+    periodic one waits for it), and a save deletes only its own `.partial-` folder, plus those of processes
+    that no longer run.
   - `load_latest(server)` restores the newest complete checkpoint (or `fallback_checkpoint_path`) into the
-    server's tables when the server starts.
+    server's tables when the server starts. Every record is checked as the insert path checks what it
+    receives (chunk contents decoded in full, priorities, item keys unique per table, trajectories within
+    their chunks, the table signature, known tables); a record that fails is a `CheckpointError` naming it.
+    A chunk whose content cannot be decoded is the one exception: the items that use it are left out and
+    reported (logged, and listed in `dropped_items`), and the rest is restored.
 
 Restored tables keep the configuration the user passes to `Table(...)` now (sampler, remover, max_size,
 max_times_sampled, rate limiter, signature); only names must match (a checkpointed table the server lacks
@@ -35,12 +42,14 @@ A table holding more items than its (new) `max_size` keeps the most recently ins
 from __future__ import annotations
 
 import datetime
+import logging
 import math
 import os
 import shutil
 import struct
+import threading
 import zlib
-from typing import Iterator, Optional
+from typing import Iterator, NamedTuple, Optional
 
 from replay_tf.core import chunk_store as chunk_store_lib
 
@@ -54,8 +63,44 @@ _PARTIAL_PREFIX = ".partial-"
 _HEADER = struct.Struct("<QI")  # record length, CRC32 of the record
 
 
+_log = logging.getLogger(__name__)
+
+# One lock per checkpoint root in this process: two saves at once (a client's Checkpoint call while a periodic
+# one runs) would otherwise interleave their cleanups.
+_save_locks: dict = {}
+_save_locks_guard = threading.Lock()
+
+
+def _save_lock(root: str) -> threading.Lock:
+    with _save_locks_guard:
+        return _save_locks.setdefault(root, threading.Lock())
+
+
 class CheckpointError(ValueError):
     """A checkpoint is missing, incomplete or corrupt."""
+
+
+class DroppedItem(NamedTuple):
+    """An item a restore left out: its table, key, and why (a chunk it uses could not be decoded)."""
+    table: str
+    key: int
+    reason: str
+
+
+def _partial_owner(name: str) -> Optional[int]:
+    """The process id in a `.partial-<pid>-<timestamp>` folder name; None for another name."""
+    pid, _, rest = name[len(_PARTIAL_PREFIX):].partition("-")
+    return int(pid) if pid.isdigit() and rest else None
+
+
+def _process_runs(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _write_records(path: str, records: Iterator[bytes]) -> None:
@@ -109,6 +154,8 @@ class DirectoryCheckpointer:
         self.root = os.path.abspath(root)
         self.keep_latest = keep_latest
         self.fallback_checkpoint_path = fallback_checkpoint_path
+        #: The items the last `load` left out (a chunk they use could not be decoded), as `DroppedItem`s.
+        self.dropped_items: list = []
         os.makedirs(self.root, exist_ok=True)
 
     def __repr__(self) -> str:
@@ -117,7 +164,15 @@ class DirectoryCheckpointer:
     # --- saving ---
 
     def save(self, server) -> str:
-        """Writes a checkpoint of every table of `server`; returns its directory."""
+        """Writes a checkpoint of every table of `server`; returns its directory.
+
+        A failed save (e.g. `OSError` for a full disk) raises after deleting what it wrote; the previous
+        checkpoints stay. Saves to one root wait for each other.
+        """
+        with _save_lock(self.root):
+            return self._save(server)
+
+    def _save(self, server) -> str:
         from replay_tf.wire import checkpoint_pb2  # noqa: PLC0415  (protos load TF; only needed here)
         from replay_tf.wire import codec  # noqa: PLC0415
 
@@ -127,7 +182,7 @@ class DirectoryCheckpointer:
         while os.path.exists(final):  # two checkpoints within a microsecond
             name += "_"
             final = os.path.join(self.root, name)
-        partial = os.path.join(self.root, _PARTIAL_PREFIX + name)
+        partial = os.path.join(self.root, f"{_PARTIAL_PREFIX}{os.getpid()}-{name}")
         os.makedirs(partial)
 
         table_records, item_records, chunks = [], [], {}
@@ -182,9 +237,13 @@ class DirectoryCheckpointer:
         for path in self._complete()[self.keep_latest:]:
             if path != keep:
                 shutil.rmtree(path, ignore_errors=True)
-        for name in os.listdir(self.root):  # leftovers of interrupted saves
+        for name in os.listdir(self.root):
+            # Leftovers of interrupted saves: this process's (no other save of it runs: the lock is held) and
+            # those of processes that no longer run; another process's save in progress is left alone.
             if name.startswith(_PARTIAL_PREFIX):
-                shutil.rmtree(os.path.join(self.root, name), ignore_errors=True)
+                owner = _partial_owner(name)
+                if owner is None or owner == os.getpid() or not _process_runs(owner):
+                    shutil.rmtree(os.path.join(self.root, name), ignore_errors=True)
 
     def latest_checkpoint(self) -> Optional[str]:
         """The newest complete checkpoint under `root`, else `fallback_checkpoint_path`, else None."""
@@ -203,46 +262,151 @@ class DirectoryCheckpointer:
         self.load(path, server)
         return True
 
-    def load(self, path: str, server) -> None:
-        """Restores the checkpoint at `path` into `server`'s tables (see the module docstring)."""
+    def load(self, path: str, server) -> list:
+        """Restores the checkpoint at `path` into `server`'s tables (see the module docstring).
+
+        Returns:
+          The items left out because a chunk they use cannot be decoded (`DroppedItem`s; also kept in
+          `dropped_items` and logged).
+
+        Raises:
+          CheckpointError: naming the first record that is malformed or breaks a rule of the insert path.
+          ValueError: If the checkpoint has a table the server lacks.
+        """
         from replay_tf.wire import checkpoint_pb2  # noqa: PLC0415
-        from replay_tf.wire import codec  # noqa: PLC0415
         from replay_tf.wire import schema_pb2  # noqa: PLC0415
 
         if not os.path.isfile(os.path.join(path, _DONE_FILE)):
             raise CheckpointError(f"{path} is not a complete checkpoint (no {_DONE_FILE} file)")
         tables = server.tables
-        checkpoints = [checkpoint_pb2.PriorityTableCheckpoint.FromString(r)
-                       for r in _read_records(os.path.join(path, _TABLES_FILE))]
-        unknown = sorted(c.table_name for c in checkpoints if c.table_name not in tables)
+        checkpoints = {}
+        for index, record in enumerate(_read_records(os.path.join(path, _TABLES_FILE))):
+            checkpoint = _parse(checkpoint_pb2.PriorityTableCheckpoint, record, path, _TABLES_FILE, index)
+            if checkpoint.table_name in checkpoints:
+                raise CheckpointError(f"checkpoint {path}: {_TABLES_FILE} record {index} describes table "
+                                      f"'{checkpoint.table_name}' a second time")
+            checkpoints[checkpoint.table_name] = checkpoint
+        unknown = sorted(name for name in checkpoints if name not in tables)
         if unknown:
             raise ValueError(f"checkpoint {path} has tables {unknown} that the server does not have "
                              f"(it has {sorted(tables)}); table names must match to restore")
-        chunks = {}
-        for record in _read_records(os.path.join(path, _CHUNKS_FILE)):
-            chunk, _ = codec.chunk_from_proto(schema_pb2.ChunkData.FromString(record), record)
-            chunks[chunk.key] = chunk
-        items: dict = {c.table_name: [] for c in checkpoints}
-        for record in _read_records(os.path.join(path, _ITEMS_FILE)):
-            proto = schema_pb2.PrioritizedItem.FromString(record)
-            trajectory = codec.trajectory_from_proto(proto.flat_trajectory)
-            keys = {s.chunk_key for column in trajectory for s in column.slices}
-            missing = sorted(keys - chunks.keys())
-            if missing:
-                raise CheckpointError(f"checkpoint {path}: item {proto.key} refers to missing chunks {missing}")
-            inserted_at = proto.inserted_at.seconds * 1_000_000_000 + proto.inserted_at.nanos
-            items[proto.table].append(chunk_store_lib.Item(
-                proto.key, proto.priority, trajectory, [chunks[k] for k in keys],
-                times_sampled=proto.times_sampled, inserted_at=inserted_at))
+        chunks, bad_chunks = _load_chunks(path, schema_pb2)
+        items: dict = {name: {} for name in checkpoints}
+        dropped = []
+        for index, record in enumerate(_read_records(os.path.join(path, _ITEMS_FILE))):
+            proto = _parse(schema_pb2.PrioritizedItem, record, path, _ITEMS_FILE, index)
+            where = f"checkpoint {path}: {_ITEMS_FILE} record {index} (item {proto.key} of table '{proto.table}')"
+            if proto.table not in items:
+                raise CheckpointError(f"{where} names a table the checkpoint does not describe (it describes "
+                                      f"{sorted(items)})")
+            if proto.key in items[proto.table]:
+                raise CheckpointError(f"{where} repeats a key of an earlier item of that table: item keys must be "
+                                      f"unique per table")
+            item = _restored_item(proto, tables[proto.table], chunks, bad_chunks, where)
+            if isinstance(item, DroppedItem):
+                _log.error("%s: left out of the restore: %s", where, item.reason)
+                dropped.append(item)
+                continue
+            items[proto.table][proto.key] = item
         store = getattr(server, "chunk_store", None)
         if store is not None:
-            for chunk in chunks.values():
+            for chunk, _ in chunks.values():
                 store.insert(chunk)
-        for checkpoint in checkpoints:
-            table = tables[checkpoint.table_name]
-            restored = sorted(items[checkpoint.table_name], key=lambda it: it.inserted_at)
+        for name, checkpoint in checkpoints.items():
+            table = tables[name]
+            restored = sorted(items[name].values(), key=lambda it: it.inserted_at)
             restored = restored[-table.max_size:]
             table.restore(restored, _limiter_state(checkpoint, table, len(restored)))
+        self.dropped_items = dropped
+        return dropped
+
+
+def _parse(message_class, record: bytes, path: str, file_name: str, index: int):
+    from google.protobuf import message  # noqa: PLC0415
+
+    try:
+        return message_class.FromString(record)
+    except (message.DecodeError, ValueError) as e:
+        raise CheckpointError(f"checkpoint {path}: {file_name} record {index} is not a "
+                              f"{message_class.DESCRIPTOR.name}: {e}") from None
+
+
+def _load_chunks(path: str, schema_pb2) -> tuple:
+    """`({key: (chunk, headers)}, {key: why it cannot be decoded})` of a checkpoint's chunk records."""
+    from replay_tf.wire import codec  # noqa: PLC0415
+
+    chunks, bad = {}, {}
+    for index, record in enumerate(_read_records(os.path.join(path, _CHUNKS_FILE))):
+        proto = _parse(schema_pb2.ChunkData, record, path, _CHUNKS_FILE, index)
+        key = proto.chunk_key
+        if key in chunks or key in bad:
+            raise CheckpointError(f"checkpoint {path}: {_CHUNKS_FILE} record {index} repeats chunk key {key}")
+        try:
+            chunks[key] = codec.chunk_from_proto(proto, record, check_content=True)
+        except codec.ChunkDecodeError as e:
+            bad[key] = f"chunk {key} ({_CHUNKS_FILE} record {index}) cannot be decoded: {e}"
+            _log.error("checkpoint %s: %s", path, bad[key])
+    return chunks, bad
+
+
+def _restored_item(proto, table, chunks: dict, bad_chunks: dict, where: str):
+    """The core item of a checkpoint record, checked as the insert stream checks items (chunk headers, not
+    their data); a `DroppedItem` when it uses a chunk that cannot be decoded; CheckpointError otherwise."""
+    from replay_tf.wire import codec  # noqa: PLC0415
+
+    trajectory = codec.trajectory_from_proto(proto.flat_trajectory)
+    keys = {s.chunk_key for column in trajectory for s in column.slices}
+    poisoned = sorted(keys & bad_chunks.keys())
+    if poisoned:
+        return DroppedItem(proto.table, proto.key, bad_chunks[poisoned[0]])
+    missing = sorted(keys - chunks.keys())
+    if missing:
+        raise CheckpointError(f"{where} refers to missing chunks {missing}")
+    try:
+        table.check_priority(proto.key, proto.priority)
+        if proto.times_sampled < 0:
+            raise ValueError(f"times_sampled ({proto.times_sampled}) must be >= 0")
+        table.check_column_layout(proto.key, _column_layout(proto.key, trajectory, chunks))
+    except ValueError as e:
+        raise CheckpointError(f"{where}: {e}") from None
+    resolved = tuple((column.squeeze, *(v for s in column.slices
+                                        for v in (chunks[s.chunk_key][0], s.index, s.offset, s.offset + s.length)))
+                     for column in trajectory)
+    item = chunk_store_lib.Item.from_resolved(
+        proto.key, proto.priority, resolved, frozenset(chunks[k][0].episode_id for k in keys))
+    item.times_sampled = proto.times_sampled
+    item.inserted_at = proto.inserted_at.seconds * 1_000_000_000 + proto.inserted_at.nanos
+    return item
+
+
+def _column_layout(key: int, trajectory: tuple, chunks: dict) -> list:
+    """`(numpy dtype, shape)` of each column of a trajectory, from its chunks' headers; ValueError for a slice
+    outside its chunk or columns joining different dtypes or step shapes."""
+    layout = []
+    if not trajectory:
+        raise ValueError(f"item {key}: the trajectory must not be empty")
+    for i, column in enumerate(trajectory):
+        if not column.slices:
+            raise ValueError(f"item {key}: column {i} has no chunk slices")
+        if column.squeeze and (len(column.slices) != 1 or column.slices[0].length != 1):
+            raise ValueError(f"item {key}: column {i} is squeezed, so it must be exactly one slice of length 1")
+        step = None
+        rows = 0
+        for s in column.slices:
+            chunk, headers = chunks[s.chunk_key]
+            if s.offset < 0 or s.length < 1 or s.offset + s.length > chunk.num_rows:
+                raise ValueError(f"item {key}: slice {tuple(s)} of column {i} is out of chunk {s.chunk_key}'s "
+                                 f"rows [0, {chunk.num_rows})")
+            if not 0 <= s.index < len(headers):
+                raise ValueError(f"item {key}: column {i} refers to tensor {s.index} of chunk {s.chunk_key}, "
+                                 f"which has {len(headers)} tensors")
+            dtype, shape = headers[s.index]
+            if step is not None and step != (dtype, shape[1:]):
+                raise ValueError(f"item {key}: column {i} joins slices of different dtypes or shapes")
+            step = (dtype, shape[1:])
+            rows += s.length
+        layout.append((step[0], step[1] if column.squeeze else (rows, *step[1])))
+    return layout
 
 
 def _limiter_state(checkpoint, table, num_items: int) -> dict:

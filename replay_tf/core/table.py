@@ -192,6 +192,7 @@ class Table:
         self._num_unique_samples = 0
         self._num_waiting = 0
         self._closed = False
+        self._refusing_inserts = False
         self._created_s = time.monotonic()
         self._inserting_s = self._sampling_s = 0.0  # TableWorkerTime's sums, in seconds
         self._waiting_for_sampling_s = self._waiting_for_inserts_s = 0.0
@@ -366,12 +367,15 @@ class Table:
         """
         self.check_priority(item.key, item.priority)
         with self._lock:
+            self._check_inserts_accepted()
             start = time.perf_counter()
             waited = 0.0
             existing = self._items.get(item.key)
             if existing is None:
                 if not self._limiter.can_insert(1):
-                    waited = self._wait(self._insert_cv, lambda: self._limiter.can_insert(1), _deadline(timeout_ms))
+                    waited = self._wait(self._insert_cv, lambda: self._refusing_inserts or self._limiter.can_insert(1),
+                                        _deadline(timeout_ms))
+                    self._check_inserts_accepted()
                     existing = self._items.get(item.key)
             if existing is not None:
                 if existing is not item and not existing.same_data(item):
@@ -427,6 +431,13 @@ class Table:
             self._num_unique_samples = 0
             self._insert_cv.notify_all()
             self._sample_cv.notify_all()
+
+    def refuse_inserts(self) -> None:
+        """Makes every blocked and future insert fail with `UnavailableError` (sampling goes on): once this
+        returns, no item enters the table, so a checkpoint taken then holds every item an insert confirmed."""
+        with self._lock:
+            self._refusing_inserts = True
+            self._insert_cv.notify_all()
 
     def close(self) -> None:
         """Fails every blocked and future insert or sample with `CancelledError`."""
@@ -543,6 +554,12 @@ class Table:
             return self._items.get(int(key))
 
     # --- internals (called with the lock held) ---
+
+    def _check_inserts_accepted(self) -> None:
+        if self._refusing_inserts:
+            self._check_open()
+            raise errors.UnavailableError(f"Table '{self._name}' accepts no inserts: its server is shutting down. "
+                                          f"Send the item again once the server is back.")
 
     def _check_open(self) -> None:
         if self._closed:

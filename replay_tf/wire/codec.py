@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 from typing import Any, NamedTuple, Optional, Sequence
 
 import cramjam
@@ -403,13 +404,16 @@ def _decode_serialized(serialized: bytes) -> list:
     return decode_chunk_tensors(schema_pb2.ChunkData.FromString(serialized))
 
 
-def chunk_from_proto(proto: schema_pb2.ChunkData, serialized: Optional[bytes] = None
-                     ) -> tuple[chunk_store.Chunk, list]:
+def chunk_from_proto(proto: schema_pb2.ChunkData, serialized: Optional[bytes] = None, *,
+                     check_content: bool = False) -> tuple[chunk_store.Chunk, list]:
     """A core chunk decoded lazily from `proto`, keeping the serialized form to send it again as is.
 
     The chunk's `encoded` slot holds `serialized` (or `proto` serialized); its tensors are decoded on
     first access. Headers are checked now: ChunkDecodeError for an unsupported dtype, a tensor whose rows
-    contradict the sequence range, or an empty chunk.
+    contradict the sequence range, or an empty chunk. With `check_content` (a server receiving or
+    restoring a chunk) every tensor's content is also decoded in full once and dropped: a Snappy body
+    that ends early or is corrupt, or a string list whose lengths do not add up, is a ChunkDecodeError
+    now, instead of failing every reader of the chunk later.
 
     Returns:
       `(chunk, headers)` with `headers[i] = (numpy dtype, shape)` of tensor `i`, for signature checks
@@ -429,9 +433,51 @@ def chunk_from_proto(proto: schema_pb2.ChunkData, serialized: Optional[bytes] = 
         headers = _checked_headers(proto, tensors, sequence_range, rows)
     if serialized is None:
         serialized = proto.SerializeToString()
+    if check_content:
+        _check_contents(proto, serialized, tensors, headers)
     chunk = chunk_store.Chunk(proto.chunk_key, None, sequence_range, delta_encoded=proto.delta_encoded,
                               encoded=serialized, decoder=_decode_serialized)
     return chunk, headers
+
+
+_SCRATCH_BYTES = 4 << 20  # per thread: contents up to this size are decompressed into a reused buffer
+_scratch = threading.local()
+
+
+def _check_contents(proto: schema_pb2.ChunkData, serialized: bytes, tensors, headers: list) -> None:
+    """ChunkDecodeError unless every tensor of a chunk whose headers passed decodes in full (see
+    `chunk_from_proto`). Numeric contents are read in place from `serialized` when its bytes can be walked."""
+    fields = _raw.chunk_tensor_fields(serialized)
+    if fields is not None and len(fields) == len(headers):
+        view = memoryview(serialized)
+        contents = [view[start:end] for _, _, (start, end) in fields]
+    else:
+        contents = None
+    for index, (dtype, shape) in enumerate(headers):
+        count = math.prod(shape)
+        if dtype.kind == "O":
+            tensor = tensors[index]
+            content = tensor.tensor_content
+            found = len(_decode_string_list(content, count)) if content else len(tensor.string_val)
+            if found != count:
+                raise ChunkDecodeError(f"chunk {proto.chunk_key}: string tensor {index} of shape {list(shape)} has "
+                                       f"{found} values, expected {count}")
+            continue
+        content = contents[index] if contents is not None else tensors[index].tensor_content
+        expected = count * dtype.itemsize
+        out = getattr(_scratch, "buffer", None)
+        if out is None or len(out) < expected:
+            out = np.empty(max(expected, 1), np.uint8)
+            if expected <= _SCRATCH_BYTES:
+                _scratch.buffer = out
+        try:
+            size = _decompress_raw_into(content, out)
+        except Exception as e:  # noqa: BLE001  (cramjam raises its own DecompressionError type)
+            raise ChunkDecodeError(f"chunk {proto.chunk_key}: tensor {index} content is not valid Snappy raw data: "
+                                   f"{e}") from None
+        if size != expected:
+            raise ChunkDecodeError(f"chunk {proto.chunk_key}: tensor {index} of dtype {dtype.name} and shape "
+                                   f"{list(shape)} needs {expected} bytes, its content decompresses to {size}")
 
 
 def _checked_headers(proto: schema_pb2.ChunkData, tensors, sequence_range: chunk_store.SequenceRange,

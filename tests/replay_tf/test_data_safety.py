@@ -1,16 +1,29 @@
 """Confirmed data is never lost or mixed up: unique keys, refused collisions, poisoned chunks, checkpoints that
 fail, run at once or are crafted, and a server stopped while writers insert."""
+import errno
+import json
+import logging
+import math
 import os
 import random
+import signal
+import subprocess
+import sys
+import threading
+import time
 
 import grpc
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import replay_tf as reverb
+from replay_tf import cli
+from replay_tf.core import checkpointing
 from replay_tf.core import chunk_store
 from replay_tf.wire import codec
 from replay_tf.wire import reverb_service_pb2
+from replay_tf.wire import schema_pb2
 
 _PREFIX = "/deepmind.reverb.ReverbService/"
 
@@ -158,3 +171,249 @@ def test_insert_stream_refuses_colliding_items_and_chunks(grpc_server, channel):
     assert "chunk key 1001 is already used by a different chunk" in info.value.details()
     [stored] = table.items_snapshot()
     assert stored.key == 77 and stored.column_arrays()[0].tolist() == [1.0, 2.0]
+
+
+# --- 4. poisoned chunks ---
+
+def _truncated_body_chunk(key, values):
+    """A chunk proto whose Snappy header announces the right size but whose body ends early."""
+    proto = codec.chunk_to_proto(_chunk(key, values))
+    content = proto.data.tensors[0].tensor_content
+    proto.data.tensors[0].tensor_content = content[:len(content) - 3]
+    return proto
+
+
+def test_insert_stream_refuses_a_chunk_with_a_truncated_snappy_body(grpc_server, channel):
+    table = grpc_server.tables["t"]
+    table.reset()
+    values = np.arange(64, dtype=np.float32)  # incompressible enough that the body is mostly literals
+    proto = _truncated_body_chunk(2001, values)
+    request = reverb_service_pb2.InsertStreamRequest(chunks=[proto])
+    item = request.items.add(key=2002, table="t", priority=1.0)
+    item.flat_trajectory.columns.add().chunk_slices.add(chunk_key=2001, offset=0, length=64)
+    with pytest.raises(grpc.RpcError) as info:
+        _insert_stream(channel, [request.SerializeToString()])
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "chunk 2001: tensor 0 content is not valid Snappy raw data" in info.value.details()
+    assert table.size() == 0
+    # A sound chunk right after it is stored and readable.
+    chunk = _chunk(2003, values)
+    assert _insert_stream(channel, [_insert_request([chunk], [(2004, "t", chunk, 1.0)])]) == [2004]
+    assert table.get_item(2004).column_arrays()[0].tolist() == values.tolist()
+
+
+def _checkpoint_tables(signature=None):
+    return [_uniform_table("u", signature=signature),
+            reverb.Table("p", reverb.selectors.Prioritized(1.0), reverb.selectors.Fifo(), 100,
+                         reverb.rate_limiters.MinSize(1))]
+
+
+def _write_checkpoint(root, count=3):
+    """A checkpoint under `root` of `count` steps `[i, i]` (float32) inserted into tables 'u' and 'p'."""
+    server = reverb.Server(_checkpoint_tables({"x": tf.TensorSpec([2], tf.float32)}),
+                           checkpointer=checkpointing.DirectoryCheckpointer(root))
+    client = server.localhost_client()
+    for i in range(count):
+        client.insert({"x": np.float32([i, i])}, priorities={"u": 1.0, "p": 1.0})
+    path = server.checkpoint()
+    server.stop()
+    return path
+
+
+def _rewrite_records(path, file_name, change):
+    """Replaces the records of `file_name` in checkpoint `path` by `change(records)` (valid CRCs: crafted)."""
+    records = list(checkpointing._read_records(os.path.join(path, file_name)))
+    checkpointing._write_records(os.path.join(path, file_name), iter(change(records)))
+
+
+def _restore(root, signature=None):
+    checkpointer = checkpointing.DirectoryCheckpointer(root)
+    return reverb.Server(_checkpoint_tables(signature), checkpointer=checkpointer), checkpointer
+
+
+def _values(table):
+    return sorted(float(item.column_arrays()[0].reshape(-1)[0]) for item in table.items_snapshot())
+
+
+def test_restore_leaves_out_the_items_of_a_chunk_that_cannot_be_decoded(tmp_path, caplog):
+    path = _write_checkpoint(str(tmp_path))
+    poisoned = []
+
+    def truncate_one(records):
+        proto = schema_pb2.ChunkData.FromString(records[1])
+        content = proto.data.tensors[0].tensor_content
+        proto.data.tensors[0].tensor_content = content[:-2]
+        poisoned.append(proto.chunk_key)
+        return [records[0], proto.SerializeToString(), *records[2:]]
+
+    _rewrite_records(path, checkpointing._CHUNKS_FILE, truncate_one)
+    with caplog.at_level(logging.ERROR, logger=checkpointing.__name__):
+        server, checkpointer = _restore(str(tmp_path))
+    try:
+        # The step [1, 1] was in the bad chunk, for both tables; everything else is restored and readable.
+        assert _values(server.tables["u"]) == [0.0, 2.0] and _values(server.tables["p"]) == [0.0, 2.0]
+        dropped = checkpointer.dropped_items
+        assert sorted(d.table for d in dropped) == ["p", "u"]
+        assert all(f"chunk {poisoned[0]}" in d.reason for d in dropped)
+        assert f"item {dropped[0].key}" in caplog.text and "left out of the restore" in caplog.text
+    finally:
+        server.stop()
+
+
+def _item_records_change(index, change):
+    def apply(records):
+        proto = schema_pb2.PrioritizedItem.FromString(records[index])
+        change(proto)
+        return [*records[:index], proto.SerializeToString(), *records[index + 1:]]
+    return apply
+
+
+def _set(field, value):
+    return lambda proto: setattr(proto, field, value)
+
+
+def _shift_slice(proto):
+    proto.flat_trajectory.columns[0].chunk_slices[0].offset = 5
+
+
+CRAFTED = [
+    # (change of the item records, signature of the restoring server, error regex)
+    (lambda records: [*records, records[0]], None, r"items.records record 6 \(item \d+ of table '[pu]'\) repeats a key"),
+    (_item_records_change(0, _set("priority", math.nan)), None, r"items.records record 0 .*is NaN"),
+    (_item_records_change(1, _set("priority", -1.0)), None, r"items.records record 1 .*must be >= 0"),
+    (_item_records_change(2, _set("priority", math.inf)), None, r"items.records record 2 .*must be finite"),
+    (_item_records_change(1, _set("table", "nope")), None,
+     r"items.records record 1 \(item \d+ of table 'nope'\) names a table the checkpoint does not describe"),
+    (_item_records_change(2, _shift_slice), None, r"items.records record 2 .*out of chunk"),
+    (_item_records_change(2, _set("times_sampled", -4)), None, r"items.records record 2 .*times_sampled \(-4\)"),
+    (lambda records: records, {"x": tf.TensorSpec([3], tf.float32)},
+     r"items.records record 3 .*does not match the table signature at column 'x'"),
+]
+
+
+@pytest.mark.parametrize("change, signature, error", CRAFTED)
+def test_a_crafted_checkpoint_is_refused_naming_the_record(tmp_path, change, signature, error):
+    path = _write_checkpoint(str(tmp_path))
+    if signature is None:
+        signature = {"x": tf.TensorSpec([2], tf.float32)}
+    # Items are written table by table, three each: records 0-2 of 'p' (Prioritized), 3-5 of 'u' (signed).
+    _rewrite_records(path, checkpointing._ITEMS_FILE, change)
+    with pytest.raises(checkpointing.CheckpointError, match=error):
+        _restore(str(tmp_path), signature)
+
+
+def test_an_untouched_checkpoint_restores_under_the_checks(tmp_path):
+    _write_checkpoint(str(tmp_path))
+    server, checkpointer = _restore(str(tmp_path), {"x": tf.TensorSpec([2], tf.float32)})
+    try:
+        assert _values(server.tables["u"]) == [0.0, 1.0, 2.0] and checkpointer.dropped_items == []
+        sample = next(server.localhost_client().sample("u", emit_timesteps=False))
+        assert sample.data[0].shape == (1, 2)
+    finally:
+        server.stop()
+
+
+# --- 3. checkpoints that fail or run at once ---
+
+def _complete_checkpoints(root):
+    return sorted(n for n in os.listdir(root) if os.path.isfile(os.path.join(root, n, "DONE")))
+
+
+def test_two_checkpoints_at_once_both_complete(tmp_path, monkeypatch):
+    root = str(tmp_path)
+    server = reverb.Server([_uniform_table()], checkpointer=checkpointing.DirectoryCheckpointer(root, keep_latest=5))
+    server.localhost_client().insert(np.float32([1.0]), priorities={"t": 1.0})
+    real_write = checkpointing._write_records
+    first_writing = threading.Event()
+
+    def slow_first_write(path, records):
+        if not first_writing.is_set():  # the first save lingers in its .partial folder
+            first_writing.set()
+            time.sleep(0.5)
+        real_write(path, records)
+
+    monkeypatch.setattr(checkpointing, "_write_records", slow_first_write)
+    outcomes = {}
+
+    def save(name):
+        try:
+            outcomes[name] = server.checkpoint()
+        except Exception as e:  # noqa: BLE001  (reported by the assertion below)
+            outcomes[name] = e
+
+    first = threading.Thread(target=save, args=("periodic",))
+    first.start()
+    assert first_writing.wait(30)
+    save("client")  # e.g. a client's Checkpoint call while the periodic checkpoint is being written
+    first.join(30)
+    server.stop()
+    assert all(isinstance(path, str) for path in outcomes.values()), outcomes
+    assert _complete_checkpoints(root) == sorted(os.path.basename(p) for p in outcomes.values())
+    assert not [n for n in os.listdir(root) if n.startswith(".partial-")]
+
+
+def test_a_save_leaves_the_partial_folders_of_running_processes(tmp_path):
+    root = str(tmp_path)
+    with open("/proc/sys/kernel/pid_max") as f:
+        no_such_pid = int(f.read()) + 1
+    running = os.path.join(root, f".partial-{os.getppid()}-20990101T000000.000000Z")
+    dead = os.path.join(root, f".partial-{no_such_pid}-20990101T000000.000000Z")
+    old_style = os.path.join(root, ".partial-20990101T000000.000000Z")
+    for path in (running, dead, old_style):
+        os.makedirs(path)
+    server = reverb.Server([_uniform_table()], checkpointer=checkpointing.DirectoryCheckpointer(root))
+    server.checkpoint()
+    server.stop()
+    assert os.path.isdir(running) and not os.path.exists(dead) and not os.path.exists(old_style)
+
+
+def test_serve_survives_a_failing_periodic_checkpoint_and_retries(tmp_path, monkeypatch, capsys):
+    """`replay-tf serve` in this process: the first periodic checkpoint hits ENOSPC, the server keeps serving
+    with the previous checkpoint in place, the next period's checkpoint succeeds; SIGTERM then stops it with
+    an exit checkpoint."""
+    root = tmp_path / "checkpoints"
+    config = tmp_path / "tables.json"
+    config.write_text(json.dumps({"tables": [{"name": "t", "sampler": "uniform", "remover": "fifo",
+                                              "max_size": 100, "rate_limiter": {"min_size": 1}}]}))
+    seed = reverb.Server([_uniform_table()], checkpointer=checkpointing.DirectoryCheckpointer(str(root)))
+    seed.localhost_client().insert(np.float32([1.0]), priorities={"t": 1.0})
+    previous = os.path.basename(seed.checkpoint())
+    seed.stop()
+    real_write = checkpointing._write_records
+    calls = []
+    retried = threading.Event()
+
+    def full_disk_once(path, records):
+        calls.append(path)
+        if len(calls) == 1:
+            assert _complete_checkpoints(str(root)) == [previous]
+            raise OSError(errno.ENOSPC, "No space left on device", path)
+        real_write(path, records)
+        if path.endswith(checkpointing._DONE_FILE):
+            retried.set()
+
+    monkeypatch.setattr(checkpointing, "_write_records", full_disk_once)
+
+    def stop_when_retried():
+        if retried.wait(60):
+            time.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGTERM)  # (the handler serve installs sets its stop event)
+
+    stopper = threading.Thread(target=stop_when_retried)
+    stopper.start()
+    status = cli.main(["serve", "--config", str(config), "--checkpoint-dir", str(root),
+                       "--checkpoint-interval", "0.3", "--stats-interval", "0.1"])
+    stopper.join()
+    err = capsys.readouterr().err
+    assert status == 0 and retried.is_set()
+    assert "checkpoint failed, the previous checkpoint stays: OSError: [Errno 28] No space left on device" in err
+    complete = _complete_checkpoints(str(root))
+    assert complete[-1] > previous and not [n for n in os.listdir(root) if n.startswith(".partial-")]
+    restored, _ = _restore_one_table(str(root))
+    assert restored.tables["t"].size() == 1
+    restored.stop()
+
+
+def _restore_one_table(root):
+    checkpointer = checkpointing.DirectoryCheckpointer(root)
+    return reverb.Server([_uniform_table()], checkpointer=checkpointer), checkpointer

@@ -43,7 +43,6 @@ import weakref
 from typing import Iterator, Optional
 
 import grpc
-import numpy as np
 from google.protobuf import message as protobuf_message
 
 from replay_tf import _addresses

@@ -417,3 +417,96 @@ def test_serve_survives_a_failing_periodic_checkpoint_and_retries(tmp_path, monk
 def _restore_one_table(root):
     checkpointer = checkpointing.DirectoryCheckpointer(root)
     return reverb.Server([_uniform_table()], checkpointer=checkpointer), checkpointer
+
+
+# --- 2. stopping the server while writers insert ---
+
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _start_serve(*args):
+    """`replay-tf serve ARGS` in a process of its own; returns `(process, port)` once it serves."""
+    env = dict(os.environ, PYTHONPATH=_REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.Popen([sys.executable, "-m", "replay_tf.cli", "serve", *args], cwd=_REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if line.startswith("replay-tf: serving tables"):
+            return proc, int(line.split(" on ")[1].split()[0].rsplit(":", 1)[1])
+    proc.wait(10)
+    raise AssertionError(f"replay-tf serve exited ({proc.returncode}) before serving:\n{''.join(seen)}")
+
+
+class _KeyedWriter:
+    """Inserts one single-step item per request on one InsertStream, until the stream fails; `confirmed` holds
+    the keys the server confirmed (the only items a writer may consider delivered)."""
+
+    def __init__(self, channel):
+        self.confirmed = []
+        self.code = None
+        self._stop = threading.Event()
+        self._call = channel.stream_stream(_PREFIX + "InsertStream", request_serializer=lambda b: b,
+                                           response_deserializer=reverb_service_pb2.InsertStreamResponse.FromString)
+        self._thread = threading.Thread(target=self._run)
+        self._thread.start()
+
+    def _requests(self):
+        step = 0
+        while not self._stop.is_set():
+            chunk = _chunk(chunk_store.new_key(), [float(step)])
+            yield _insert_request([chunk], [(chunk_store.new_key(), "t", chunk, 1.0)])
+            step += 1
+            time.sleep(0.001)
+
+    def _run(self):
+        try:
+            for response in self._call(self._requests(), timeout=120):
+                self.confirmed.extend(response.keys)
+        except grpc.RpcError as e:
+            self.code = e.code()
+
+    def join(self):
+        self._stop.set()
+        self._thread.join(60)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stop_signal", ["SIGTERM", "SIGHUP"])
+def test_serve_stopped_while_a_writer_inserts_checkpoints_every_confirmed_item(tmp_path, stop_signal):
+    root = str(tmp_path / "checkpoints")
+    config = tmp_path / "tables.json"
+    config.write_text(json.dumps({"tables": [{"name": "t", "sampler": "uniform", "remover": "fifo",
+                                              "max_size": 100_000, "rate_limiter": {"min_size": 1}}]}))
+    proc, port = _start_serve("--config", str(config), "--checkpoint-dir", root, "--stats-interval", "60")
+    try:
+        client = reverb.Client(f"localhost:{port}")
+        rng = np.random.default_rng(0)
+        for _ in range(24):  # ~24 MiB of incompressible steps: the exit checkpoint takes a while to write
+            client.insert(rng.standard_normal([256 * 1024]).astype(np.float32), priorities={"t": 1.0})
+        with grpc.insecure_channel(f"localhost:{port}") as channel:
+            writer = _KeyedWriter(channel)
+            deadline = time.monotonic() + 60
+            while len(writer.confirmed) < 200 and writer.code is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert len(writer.confirmed) >= 200, writer.code
+            proc.send_signal(getattr(signal, stop_signal))  # the writer goes on inserting meanwhile
+            rc = proc.wait(60)
+            writer.join()
+        output = proc.stdout.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        proc.stdout.close()
+    assert rc == 0 and "checkpoint: " in output, output
+    assert writer.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED), writer.code
+    restored, _ = _restore_one_table(root)
+    try:
+        table = restored.tables["t"]
+        missing = [key for key in writer.confirmed if table.get_item(key) is None]
+        assert not missing, f"{len(missing)} of {len(writer.confirmed)} confirmed items are not in the checkpoint"
+        assert table.size() >= 24 + len(writer.confirmed)
+    finally:
+        restored.stop()

@@ -15,9 +15,12 @@ or a registered TFDS name such as `d4rl_mujoco_hopper/v2-medium` (then `--data-d
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import shutil
 import sys
+import uuid
 from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
@@ -76,10 +79,11 @@ def dataset_summary(name_or_dir: str, *, split: Optional[str] = None, data_dir: 
             episodes = episodes.take(max_episodes)
         episodes = episodes.map(lambda e: e[rlds_types.STEPS][rlds_types.REWARD])
         returns, lengths = [], []
-        for rewards in tfds.as_numpy(episodes):
-            rewards = np.asarray(rewards, dtype=np.float64)
-            lengths.append(rewards.shape[0])
-            returns.append(rewards.sum(axis=0))
+        with _read_errors_named(builder, split_name):
+            for rewards in tfds.as_numpy(episodes):
+                rewards = np.asarray(rewards, dtype=np.float64)
+                lengths.append(rewards.shape[0])
+                returns.append(rewards.sum(axis=0))
         returns_array = np.asarray(returns, dtype=np.float64)
         lengths_array = np.asarray(lengths, dtype=np.int64)
         summary["splits"][split_name] = {
@@ -89,6 +93,19 @@ def dataset_summary(name_or_dir: str, *, split: Optional[str] = None, data_dir: 
             "_returns": returns_array, "_lengths": lengths_array,
         }
     return summary
+
+
+@contextlib.contextmanager
+def _read_errors_named(builder, split: str):
+    """Turns a TF error while reading `split` into a one-line ValueError naming the shard and record."""
+    import tensorflow as tf  # noqa: PLC0415
+
+    from rlds_tf import _record_checks  # noqa: PLC0415
+
+    try:
+        yield
+    except tf.errors.OpError as e:
+        raise ValueError(_record_checks.describe_read_error(builder, split, e)) from e
 
 
 def _format_number(value: Any) -> str:
@@ -184,7 +201,15 @@ def _dataset_config(builder):
 
 def convert(src: str, dst: str, file_format: str, *, data_dir: Optional[str] = None,
             max_episodes_per_file: int = 1000) -> Dict[str, int]:
-    """Rewrites the dataset `src` into `dst` in `file_format`; returns `{split: episodes written}`."""
+    """Rewrites the dataset `src` into `dst` in `file_format`; returns `{split: episodes written}`.
+
+    The dataset is written into a hidden sibling directory of `dst` and renamed to `dst` only once every
+    episode is written: a failed conversion (unreadable source, full disk, interrupt) leaves no `dst`
+    that looks like a complete dataset.
+
+    Raises:
+      ValueError: bad arguments, or an unreadable source record (names the shard and record).
+    """
     import tensorflow_datasets as tfds  # noqa: PLC0415
 
     from rlds_tf import loading  # noqa: PLC0415
@@ -195,21 +220,37 @@ def convert(src: str, dst: str, file_format: str, *, data_dir: Optional[str] = N
     builder = loading.builder(src, data_dir=data_dir)
     if os.path.abspath(os.fspath(builder.data_dir)) == os.path.abspath(dst):
         raise ValueError(f"DST ({dst!r}) must differ from the source directory")
+    if os.path.exists(dst) and not os.path.isdir(dst):
+        raise ValueError(f"DST ({dst!r}) is a file; give a new directory")
     if os.path.exists(dst) and os.listdir(dst):
         raise ValueError(f"DST ({dst!r}) exists and is not empty; give a new directory")
     splits = sorted(builder.info.splits.keys())
     counts = {}
-    writer = tfds_writer.DatasetWriter(dst, _dataset_config(builder), split_names=splits,
-                                       max_episodes_per_file=max_episodes_per_file,
-                                       version=str(builder.info.version), file_format=file_format, overwrite=True)
+    parent = os.path.dirname(os.path.abspath(dst))
+    os.makedirs(parent, exist_ok=True)
+    # A hidden sibling (same file system, so the final rename is atomic); os.mkdir honours the umask.
+    partial = os.path.join(parent, f".{os.path.basename(os.path.abspath(dst))}.partial-{uuid.uuid4().hex[:12]}")
+    os.mkdir(partial)
     try:
-        for split in splits:
-            counts[split] = 0
-            for episode in tfds.as_numpy(loading.load_stacked(src, split, data_dir=data_dir)):
-                writer.add_episode(episode, split=split)
-                counts[split] += 1
-    finally:
-        writer.close()
+        writer = tfds_writer.DatasetWriter(partial, _dataset_config(builder), split_names=splits,
+                                           max_episodes_per_file=max_episodes_per_file,
+                                           version=str(builder.info.version), file_format=file_format,
+                                           overwrite=True)
+        try:
+            for split in splits:
+                counts[split] = 0
+                with _read_errors_named(builder, split):
+                    for episode in tfds.as_numpy(loading.load_stacked(src, split, data_dir=data_dir)):
+                        writer.add_episode(episode, split=split)
+                        counts[split] += 1
+        finally:
+            writer.close()
+        if os.path.isdir(dst):
+            os.rmdir(dst)  # empty when checked above; raises, replacing nothing, if something was added since
+        os.rename(partial, dst)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
     return counts
 
 

@@ -29,6 +29,7 @@ from absl import logging
 import tensorflow_datasets as tfds
 from tensorflow_datasets.core import file_adapters
 
+from rlds_tf import _record_checks
 from rlds_tf import rlds_types
 from rlds_tf._stacked_decoding import StackedSteps
 from rlds_tf.recording import _tfrecord_files
@@ -50,7 +51,8 @@ def builder(name_or_dir: PathOrName, *, data_dir: Optional[str] = None, validate
       name_or_dir: a registered TFDS name (`'d4rl_mujoco_hopper/v2-medium'`), a dataset directory (one holding
         `dataset_info.json`), or a list of such directories with the same features (merged).
       data_dir: TFDS data dir for names.
-      validate: check that the features are RLDS (`steps` with every core step field).
+      validate: check that the features are RLDS (`steps` with every core step field) and that the records
+        hold every field features.json declares (the first record of the first non-empty shard is read).
       recover: True repairs a directory left by a killed rlds_tf recorder before reading it (never while it
         writes into it; see `rlds_tf.recording.recover`). By default reading never writes: a directory whose
         recorder was killed loads the episodes its metadata lists when TFDS can read them as they are, and
@@ -58,7 +60,8 @@ def builder(name_or_dir: PathOrName, *, data_dir: Optional[str] = None, validate
 
     Raises:
       FileNotFoundError: a directory does not exist.
-      ValueError: not a TFDS dataset directory, not an RLDS dataset (names the missing field), or a
+      ValueError: not a TFDS dataset directory, not an RLDS dataset (names the missing field), records
+        that lack a declared field (names it), or a
         crashed recording that needs `recover` first.
     """
     if isinstance(name_or_dir, (list, tuple)):
@@ -81,6 +84,7 @@ def builder(name_or_dir: PathOrName, *, data_dir: Optional[str] = None, validate
                                         f"dataset name ({reason})") from e
     if validate:
         _check_rlds_features(result)
+        _record_checks.check_records_have_features(result)
     return result
 
 
@@ -219,7 +223,7 @@ def load(name_or_dir: PathOrName, split: Any = None, *, data_dir: Optional[str] 
       data_dir: TFDS data dir for names.
       shuffle_files, read_config, decoders: passed to TFDS `as_dataset` (the array_record adapter honours
         `shuffle_files`, `read_config.shuffle_seed`, `num_parallel_calls_for_decode`, `skip_prefetch`).
-      validate: check the features are RLDS.
+      validate: check the features are RLDS and held by the records (see `builder`).
       recover: repair a crashed recording before reading (see `rlds_tf.recording.recover`).
 
     Returns:

@@ -143,3 +143,80 @@ def test_recovery_refuses_a_shard_that_links_outside(clean, tmp_path):
         crash_recovery.recover(directory)
     assert _snapshot(str(tmp_path)) == before
     np.testing.assert_equal(victim.stat().st_size, os.path.getsize(os.path.join(clean, SHARD.format(1))) + 40)
+
+
+# --- partial outputs and unreadable inputs ---
+
+def _corrupt_record(directory, shard, record):
+    """Flips one data byte of `record` in `shard`: its CRC no longer matches."""
+    path = os.path.join(directory, SHARD.format(shard))
+    lengths, _ = _tfrecord_files.scan_records(path)
+    offset = sum(12 + n + 4 for n in lengths[:record]) + 12 + lengths[record] // 2
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
+def _one_line_error(capsys):
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "Traceback" not in err, err
+    return err
+
+
+@pytest.mark.parametrize("dst_exists", [False, True])
+def test_convert_of_a_corrupt_source_leaves_no_destination(clean, tmp_path, capsys, dst_exists):
+    source = _copy(clean, tmp_path, "src")
+    _corrupt_record(source, shard=0, record=1)
+    dst = tmp_path / "out" / "dst"
+    if dst_exists:
+        dst.mkdir(parents=True)
+    assert cli.main(["convert", source, str(dst), "--format", "tfrecord"]) == 1
+    err = _one_line_error(capsys)
+    assert err.startswith("rlds-tf convert: split 'train' of 'rlds_dataset' is unreadable: shard ")
+    assert f"{SHARD.format(0)}': record 1: corrupted record at " in err
+    assert os.path.exists(dst) == dst_exists and (not dst_exists or not os.listdir(dst))
+    assert os.listdir(dst.parent) == (["dst"] if dst_exists else [])   # no partial sibling left behind
+
+
+def test_convert_renames_a_complete_destination(clean, tmp_path, capsys):
+    dst = tmp_path / "dst"
+    assert cli.main(["convert", clean, str(dst), "--format", "array_record"]) == 0
+    assert os.listdir(tmp_path) == ["dst"]
+    assert "partial" not in (dst / "dataset_info.json").read_text()
+    assert _num_episodes(str(dst)) == 3
+
+
+def test_info_on_a_truncated_shard_names_it_in_one_line(clean, tmp_path, capsys):
+    directory = _copy(clean, tmp_path)
+    os.unlink(os.path.join(directory, _tfrecord_files.LOCK_FILE))   # not a crashed rlds_tf recording
+    path = os.path.join(directory, SHARD.format(1))
+    os.truncate(path, os.path.getsize(path) - 10)
+    assert cli.main(["info", directory]) == 1
+    err = _one_line_error(capsys)
+    assert err.startswith("rlds-tf info: split 'train' of 'rlds_dataset' is unreadable: shard ")
+    assert f"{SHARD.format(1)}': record 0: truncated record at 0" in err
+
+
+def _add_feature(directory, *path):
+    features_path = os.path.join(directory, "features.json")
+    with open(features_path) as f:
+        features = json.load(f)
+    node = features["featuresDict"]["features"]
+    if path[0] == "steps":
+        node = node["steps"]["sequence"]["feature"]["featuresDict"]["features"]
+    node[path[-1]] = {"pythonClassName": "tensorflow_datasets.core.features.tensor_feature.Tensor",
+                      "tensor": {"dtype": "float32", "encoding": "none", "shape": {}}}
+    with open(features_path, "w") as f:
+        json.dump(features, f)
+
+
+@pytest.mark.parametrize("path, field", [(("steps", "extra"), "steps/extra"), (("meta",), "meta")])
+@pytest.mark.parametrize("loader", [rlds.load, rlds.load_stacked, rlds.load_steps])
+def test_features_the_records_lack_are_named(clean, tmp_path, path, field, loader):
+    directory = _copy(clean, tmp_path)
+    _add_feature(directory, *path)
+    with pytest.raises(ValueError, match=rf"features.json declares field\(s\) \['{field}'\] but the records lack "
+                                         rf"them \(record 0 of '.*{SHARD.format(0)}', split 'train'"):
+        loader(directory, split="train")

@@ -7,12 +7,14 @@ code written for `tf_agents.replay_buffers`.
 
 # --- in-graph buffers (replay_tf/buffers) ---
 from replay_tf.buffers import BufferInfo
+from replay_tf.buffers import EpisodicReplayBuffer
 from replay_tf.buffers import FrameBuffer
 from replay_tf.buffers import PrioritizedBufferInfo
 from replay_tf.buffers import PrioritizedReplayBuffer
 from replay_tf.buffers import PyHashedReplayBuffer
 from replay_tf.buffers import PyUniformReplayBuffer
 from replay_tf.buffers import ReplayBuffer
+from replay_tf.buffers import StatefulEpisodicReplayBuffer
 from replay_tf.buffers import TFUniformReplayBuffer
 from replay_tf.buffers import UniformReplayBuffer
 
@@ -55,12 +57,14 @@ from replay_tf.reverb_alias import register_as_reverb
 __all__ = [
     # --- in-graph buffers ---
     "BufferInfo",
+    "EpisodicReplayBuffer",
     "FrameBuffer",
     "PrioritizedBufferInfo",
     "PrioritizedReplayBuffer",
     "PyHashedReplayBuffer",
     "PyUniformReplayBuffer",
     "ReplayBuffer",
+    "StatefulEpisodicReplayBuffer",
     "TFUniformReplayBuffer",
     "UniformReplayBuffer",
     # --- replay server ---

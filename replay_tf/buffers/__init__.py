@@ -1,5 +1,7 @@
 """In-graph replay buffers on `tf.Variable` storage (TF-Agents' API, plus a prioritized variant), and TF-Agents'
 Python buffers on numpy arrays (`PyUniformReplayBuffer`, `PyHashedReplayBuffer`)."""
+from replay_tf.buffers.episodic import EpisodicReplayBuffer
+from replay_tf.buffers.episodic import StatefulEpisodicReplayBuffer
 from replay_tf.buffers.prioritized import PrioritizedBufferInfo
 from replay_tf.buffers.prioritized import PrioritizedReplayBuffer
 from replay_tf.buffers.py_hashed import FrameBuffer
@@ -14,12 +16,14 @@ from replay_tf.buffers.uniform import end_of_episode_from_step_type
 
 __all__ = [
     "BufferInfo",
+    "EpisodicReplayBuffer",
     "FrameBuffer",
     "PrioritizedBufferInfo",
     "PrioritizedReplayBuffer",
     "PyHashedReplayBuffer",
     "PyUniformReplayBuffer",
     "ReplayBuffer",
+    "StatefulEpisodicReplayBuffer",
     "TFUniformReplayBuffer",
     "UniformReplayBuffer",
     "end_of_episode_from_is_last",

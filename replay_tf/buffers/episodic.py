@@ -1,0 +1,564 @@
+"""`EpisodicReplayBuffer` and `StatefulEpisodicReplayBuffer`: TF-Agents 0.19's episode-organised buffer.
+
+The buffer holds up to `capacity` episodes of any length. Episode ids are logical and only grow; episode
+`id` lives at location `id % capacity`, and a location's current id is in `episodes_loc_to_id_map`, so an
+id whose location was taken by a newer episode is no longer valid and writes to it are ignored. Callers
+keep the ids of the episodes they are writing (`create_episode_ids`, then the ids `add_batch` /
+`add_sequence` return), or let `StatefulEpisodicReplayBuffer` keep them in a variable.
+
+Same API and results as TF-Agents: which ids are assigned when (`begin_episode_fn`, ids of -1), which
+episodes are completed (`end_episode_fn`), what is stored, `num_frames`, `gather_all`, the deterministic
+pass, the error texts; sampling draws the same distributions (episodes uniformly; windows by episode
+length). Storage is `tf.Variable`s (see `_episode_table.py`) instead of hash tables of TensorLists, and
+there is no `tf.CriticalSection`: adds run in order in eager code, `tf.function` and tf.data functions,
+but concurrent adds from several threads are not serialised.
+
+Differences from TF-Agents 0.19 (deliberate):
+- Sampled items carry their real episode id (`BufferInfo.ids`, and the id in `as_dataset` elements);
+  TF-Agents reads them from a table it never writes, so its ids are always 0.
+- `gather_all()` of a buffer with no steps is shaped `[1, 0, ...]`, as a non-empty one (TF-Agents gives
+  `[0, ...]`).
+- The batched deterministic pass interleaves its `sample_batch_size` shards one window each in turn
+  (TF-Agents leaves the interleave's cycle length to tf.data, which makes the order depend on the number
+  of CPU cores when there are more shards than cores).
+- `StatefulEpisodicReplayBuffer` of something that is not an `EpisodicReplayBuffer` raises TypeError, as
+  TF-Agents documents (it reads `data_spec` first and raises AttributeError).
+- `extract` / `extend_episodes` and the `Episodes` tuple are not implemented (they exchange TF-Agents'
+  TensorList storage).
+
+>>> import tensorflow as tf
+>>> rb = EpisodicReplayBuffer({"x": tf.TensorSpec([], tf.int32)}, capacity=3,
+...                           begin_episode_fn=lambda _: False, end_episode_fn=lambda _: False)
+>>> ids = rb.create_episode_ids(2)
+>>> for t in range(3):
+...     ids = rb.add_batch({"x": tf.constant([t, 10 + t])}, ids)
+>>> ids.numpy().tolist(), int(rb.num_frames())
+([0, 1], 6)
+>>> rb.gather_all()["x"].numpy().tolist()
+[[0, 1, 2, 10, 11, 12]]
+>>> [e["x"].numpy().tolist() for e in rb.as_dataset(single_deterministic_pass=True)]
+[[0, 1, 2], [10, 11, 12]]
+"""
+from __future__ import annotations
+
+import collections
+import types
+from typing import Any, Callable, Optional
+
+import tensorflow as tf
+
+from replay_tf import specs
+from replay_tf.buffers._episode_table import EpisodeTable
+from replay_tf.buffers.replay_buffer import _has_lists
+
+# The id of episode id holders that point to no episode.
+_INVALID_EPISODE_ID = -1
+# TF-Agents' StepType values that its Trajectory.is_first / is_last compare with.
+_FIRST, _LAST = 0, 2
+
+BufferInfo = collections.namedtuple("BufferInfo", ["ids"])
+BufferInfo.__doc__ = """Sample metadata of `EpisodicReplayBuffer.get_next`, as TF-Agents': the episode id."""
+
+
+def _default_begin_episode_fn(items):
+    """`items.is_first()` (TF-Agents' Trajectory); for other namedtuples with a `step_type` field, the same
+    test written out (`step_type == FIRST`), since TF-Agents' Trajectory does not import on current TF."""
+    is_first = getattr(items, "is_first", None)
+    if callable(is_first):
+        return is_first()
+    if specs.is_namedtuple(items) and "step_type" in type(items)._fields:
+        return tf.equal(items.step_type, _FIRST)
+    raise TypeError(f"Argument t is not a Trajectory; did you forget to pass the proper begin_episode_fn to "
+                    f"EpisodicReplayBuffer?  Saw: '{items}'")
+
+
+def _default_end_episode_fn(items):
+    """`items.is_last()`, or `next_step_type == LAST` for namedtuples with that field."""
+    is_last = getattr(items, "is_last", None)
+    if callable(is_last):
+        return is_last()
+    if specs.is_namedtuple(items) and "next_step_type" in type(items)._fields:
+        return tf.equal(items.next_step_type, _LAST)
+    raise TypeError(f"Argument t is not a Trajectory; did you forget to pass the proper end_episode_fn to "
+                    f"EpisodicReplayBuffer?  Saw: '{items}'")
+
+
+def _valid_range_ids(last_id, capacity: int):
+    """`[min_id, max_id)`: the ids of the episodes held (the newest `capacity` up to `last_id`)."""
+    full = last_id >= capacity
+    return (tf.where(full, last_id + 1 - capacity, tf.constant(0, tf.int64)),
+            tf.where(full, last_id + 1, tf.maximum(last_id + 1, 0)))
+
+
+def _scatter(variable: tf.Variable, indices, values):
+    """`variable[indices] = values`; the result is for control dependencies."""
+    return variable.scatter_update(tf.IndexedSlices(values, indices))
+
+
+class EpisodicReplayBuffer(tf.Module):
+    """A replay buffer of whole episodes with uniform sampling (TF-Agents' `EpisodicReplayBuffer`).
+
+    Args:
+      data_spec: a nest of `tf.TensorSpec` describing one step.
+      capacity: the most episodes held; a new episode takes the place of the episode `capacity` ids older.
+      completed_only: sample (and `gather_all`) only episodes that `end_episode_fn` has marked completed.
+      buffer_size: `as_dataset` draws `buffer_size * sample_batch_size` episodes at a time, so new episodes
+        and lengths are seen after up to that many elements.
+      name_prefix: prefix of the variable names.
+      device: device of the variables and ops.
+      seed: op seed of the sampling ops.
+      begin_episode_fn: batched items -> bool scalar or vector: which ones start a new episode (a new id).
+        Default: `items.is_first()` (or `step_type == FIRST`).
+      end_episode_fn: batched items -> bool scalar or vector: which ones complete their episode. Default:
+        `items.is_last()` (or `next_step_type == LAST`).
+      dataset_drop_remainder: drop the last, partial batch of the deterministic pass.
+      dataset_window_shift: window shift of the deterministic pass with `num_steps` (None: no overlap).
+
+    Raises:
+      TypeError: `begin_episode_fn` or `end_episode_fn` not callable.
+    """
+
+    def __init__(self, data_spec: Any, capacity: int = 1000, completed_only: bool = False, buffer_size: int = 8,
+                 name_prefix: str = "EpisodicReplayBuffer", device: str = "cpu:*", seed: Optional[int] = None,
+                 begin_episode_fn: Optional[Callable] = None, end_episode_fn: Optional[Callable] = None,
+                 dataset_drop_remainder: bool = False, dataset_window_shift: Optional[int] = None):
+        super().__init__()
+        begin_episode_fn = _default_begin_episode_fn if begin_episode_fn is None else begin_episode_fn
+        end_episode_fn = _default_end_episode_fn if end_episode_fn is None else end_episode_fn
+        if not callable(begin_episode_fn):
+            raise TypeError(f"begin_episode_fn is not callable: {begin_episode_fn}")
+        if not callable(end_episode_fn):
+            raise TypeError(f"end_episode_fn is not callable: {end_episode_fn}")
+        if int(capacity) < 1:
+            raise ValueError(f"capacity ({capacity}) must be a positive integer (it counts episodes)")
+        capacity = int(capacity)
+        # A plain holder: tf.Module would wrap the spec's dicts and lists in its trackable containers.
+        self._config = types.SimpleNamespace(
+            data_spec=data_spec, capacity=capacity, completed_only=completed_only, buffer_size=buffer_size,
+            name_prefix=name_prefix, device=device, seed=seed, drop_remainder=dataset_drop_remainder,
+            window_shift=dataset_window_shift)
+        # (Attributes with TF-Agents' names: its tests and users swap them between adds.)
+        self._begin_episode_fn = begin_episode_fn
+        self._end_episode_fn = end_episode_fn
+        with tf.device(device):
+            self._data_table = EpisodeTable(data_spec, capacity, name_prefix)
+            self._episodes_loc_to_id_map = tf.Variable(tf.fill([capacity], tf.constant(_INVALID_EPISODE_ID, tf.int64)),
+                                                       trainable=False, name="episodes_loc_to_id_map")
+            self._episode_lengths = tf.Variable(tf.zeros([capacity], tf.int64), trainable=False,
+                                                name="episode_lengths")
+            self._episode_completed = tf.Variable(tf.zeros([capacity], tf.uint8), trainable=False,
+                                                  name="episode_completed")
+            self._last_episode = tf.Variable(tf.constant(_INVALID_EPISODE_ID, tf.int64), trainable=False,
+                                             name="last_episode")
+            self._num_writes = tf.Variable(tf.constant(0, tf.int64), trainable=False, name="num_writes_counter")
+
+    # ----- properties -----
+    @property
+    def data_spec(self) -> Any:
+        return self._config.data_spec
+
+    @property
+    def capacity(self) -> int:
+        return self._config.capacity
+
+    @property
+    def stateful_dataset(self) -> bool:
+        return True
+
+    @property
+    def num_writes(self) -> tf.Variable:
+        """How many `add_batch` calls wrote something (reset by `clear`)."""
+        return self._num_writes
+
+    @property
+    def name_prefix(self) -> str:
+        return self._config.name_prefix
+
+    def num_frames(self) -> tf.Tensor:
+        """The number of steps held, over all episodes."""
+        return tf.reduce_sum(self._episode_lengths)
+
+    # ----- episode ids -----
+    def create_episode_ids(self, num_episodes=None) -> tf.Tensor:
+        """Ids of -1 ("no episode yet"), a scalar or `[num_episodes]`, for `add_batch` / `add_sequence`.
+
+        Raises:
+          ValueError: `num_episodes` > capacity, or a non-scalar tensor.
+        """
+        if tf.is_tensor(num_episodes):
+            if num_episodes.shape.rank != 0:
+                raise ValueError(f"num_episodes must be a scalar, but saw shape: {num_episodes.shape}")
+            return tf.fill([num_episodes], tf.constant(_INVALID_EPISODE_ID, tf.int64), name="episode_id")
+        shape = ()
+        if num_episodes is not None and num_episodes > 0:
+            if num_episodes > self.capacity:
+                raise ValueError(f"Buffer cannot create episode_ids when num_episodes {num_episodes} > capacity "
+                                 f"{self.capacity}.")
+            shape = (num_episodes,)
+        return tf.constant(_INVALID_EPISODE_ID, shape=shape, dtype=tf.int64, name="episode_id")
+
+    def _location(self, episode_ids):
+        return tf.math.floormod(episode_ids, self.capacity)
+
+    def _reserve_ids(self, ids, update_mask):
+        """Gives the positions of `update_mask` new consecutive ids (in order) and resets their locations;
+        returns `ids` with those replaced."""
+        num = tf.reduce_sum(tf.cast(update_mask, tf.int64))
+        end_id = self._last_episode.assign_add(num) + 1
+        new_ids = tf.range(end_id - num, end_id)
+        positions = tf.where(update_mask)
+        updated = tf.where(update_mask, tf.scatter_nd(positions, new_ids, tf.shape(ids, out_type=tf.int64)), ids)
+        locations = self._location(new_ids)
+        resets = [_scatter(self._episodes_loc_to_id_map, locations, new_ids),
+                  _scatter(self._episode_completed, locations, tf.zeros_like(locations, tf.uint8)),
+                  _scatter(self._episode_lengths, locations, tf.zeros_like(locations))]
+        with tf.control_dependencies(resets):
+            return tf.identity(updated)
+
+    def _mark_completed(self, ids, end_episode):
+        """Marks the valid episodes of `ids` where `end_episode` holds as completed."""
+        locations = self._location(ids)
+        valid = tf.equal(ids, tf.gather(self._episodes_loc_to_id_map, locations))
+        mask = tf.convert_to_tensor(end_episode) & (ids >= 0) & valid
+        chosen = tf.boolean_mask(locations, tf.broadcast_to(mask, tf.shape(ids)))
+        mark = _scatter(self._episode_completed, chosen, tf.ones_like(chosen, tf.uint8))
+        with tf.control_dependencies([mark]):
+            return tf.identity(ids)
+
+    def _get_batch_episode_ids(self, batch_episode_ids, begin_episode=False, end_episode=False, mask=None):
+        """New ids where the id is -1 or `begin_episode` holds (within `mask`); completes `end_episode` ones."""
+        if batch_episode_ids.shape.rank != 1:
+            raise ValueError("batch_episode_ids must be a vector with 1 dimension")
+        update = (batch_episode_ids < 0) | tf.convert_to_tensor(begin_episode)
+        if mask is not None:
+            update &= mask
+        update = tf.broadcast_to(update, tf.shape(batch_episode_ids))
+        ids = self._reserve_ids(batch_episode_ids, update)
+        return self._mark_completed(ids, end_episode)
+
+    def _get_episode_id(self, episode_id, begin_episode=False, end_episode=False):
+        """A new id if `episode_id` is -1 or `begin_episode`; completes the episode if `end_episode`."""
+        begin_episode = tf.convert_to_tensor(begin_episode, name="begin_episode")
+        end_episode = tf.convert_to_tensor(end_episode, name="end_episode")
+        pred = begin_episode | (episode_id < 0)
+        if pred.shape.rank != 0:
+            raise ValueError(f"Invalid condition predicate shape: {pred.shape} (should be scalar).")
+        if (end_episode & (episode_id >= 0)).shape.rank != 0:
+            raise ValueError(f"Invalid condition shape: {end_episode.shape} (should be scalar).")
+        updated = tf.cond(pred, lambda: self._reserve_ids(episode_id[None], tf.constant([True]))[0],
+                          lambda: tf.identity(episode_id))
+        return self._mark_completed(updated[None], end_episode[None])[0]
+
+    def get_valid_ids_mask(self, episode_ids) -> tf.Tensor:
+        """Whether each id names an episode still held."""
+        with tf.device(self._config.device), tf.name_scope("get_valid_ids_mask"):
+            episode_ids = tf.convert_to_tensor(episode_ids, tf.int64)
+            held = tf.gather(self._episodes_loc_to_id_map, self._location(episode_ids))
+            return (episode_ids >= 0) & tf.equal(episode_ids, held)
+
+    # ----- adding -----
+    def _flat_items(self, items, where: str):
+        flat = specs.validate(items, self.data_spec, outer_dims=[None], root=where, cast=True)
+        return flat, specs.pack_sequence_as(self.data_spec, flat)
+
+    def _add_batch(self, items):
+        """TF-Agents' base-class entry point, which has no episode ids."""
+        raise NotImplementedError("add_batch(items) is not implemented in EpisodicReplayBuffer. Use "
+                                  "add_batch(items, episode_ids) instead")
+
+    def add_batch(self, items, episode_ids) -> tf.Tensor:
+        """Adds one step to each of a batch of episodes and returns their (updated) ids.
+
+        Args:
+          items: a nest like `data_spec` with an outer dimension `[num_episodes]`.
+          episode_ids: int64 `[num_episodes]`: the episodes the steps belong to (-1: start one).
+
+        Returns:
+          The ids after `begin_episode_fn` started new episodes; steps for ids no longer held are dropped.
+        """
+        episode_ids = tf.convert_to_tensor(episode_ids, tf.int64)
+        episode_ids.shape.assert_has_rank(1)
+        with tf.device(self._config.device), tf.name_scope("add_batch"):
+            flat, converted = self._flat_items(items, "items")
+            begin = self._begin_episode_fn(items)
+            end = self._end_episode_fn(items)
+            ids = self._get_batch_episode_ids(episode_ids, begin, end)
+            locations = self._location(ids)
+            valid = tf.equal(tf.gather(self._episodes_loc_to_id_map, locations), ids)
+
+            def add():
+                chosen = tf.where(valid)[:, 0]
+                where = tf.gather(locations, chosen)
+                lengths = tf.gather(self._episode_lengths, where)
+                write = self._data_table.write(where, lengths, [tf.gather(leaf, chosen) for leaf in flat])
+                with tf.control_dependencies([write]):
+                    grow = _scatter(self._episode_lengths, where, lengths + 1)
+                    count = self._num_writes.assign_add(1, read_value=False)
+                with tf.control_dependencies([grow, count]):
+                    return tf.identity(ids)
+
+            return tf.cond(tf.reduce_any(valid), add, lambda: tf.identity(episode_ids))
+
+    def add_sequence(self, items, episode_id) -> tf.Tensor:
+        """Appends a sequence of steps (outer dimension: time) to one episode; returns its (updated) id.
+
+        `begin_episode_fn(items)` and `end_episode_fn(items)` must give scalars here (TF-Agents raises
+        ValueError on vectors too).
+        """
+        episode_id = tf.convert_to_tensor(episode_id, tf.int64)
+        episode_id.shape.assert_has_rank(0)
+        with tf.device(self._config.device), tf.name_scope("add_steps"):
+            flat, converted = self._flat_items(items, "items")
+            num_steps = tf.shape(flat[0], out_type=tf.int64)[0]
+            new_id = self._get_episode_id(episode_id, self._begin_episode_fn(converted),
+                                          self._end_episode_fn(converted))
+            location = self._location(new_id)
+            valid = tf.equal(tf.gather(self._episodes_loc_to_id_map, location), new_id)
+
+            def add():
+                length = tf.gather(self._episode_lengths, location)
+                write = self._data_table.write(tf.fill([num_steps], location),
+                                               length + tf.range(num_steps, dtype=tf.int64), flat)
+                with tf.control_dependencies([write]):
+                    grow = _scatter(self._episode_lengths, location[None], (length + num_steps)[None])
+                with tf.control_dependencies([grow]):
+                    return tf.identity(new_id)
+
+            return tf.cond(valid, add, lambda: tf.identity(new_id))
+
+    # ----- reading -----
+    def _read_episode(self, location):
+        length = tf.gather(self._episode_lengths, location)
+        return specs.pack_sequence_as(self.data_spec, self._data_table.read_episode(location, length))
+
+    def _sample_episode_ids(self, shape, weigh_by_episode_length: bool = False, seed=None):
+        last_id = self._last_episode.read_value()
+        check = tf.debugging.assert_non_negative(
+            last_id, message="EpisodicReplayBuffer is empty. Make sure to add items before sampling the buffer.")
+        with tf.control_dependencies([check]):
+            if weigh_by_episode_length:
+                # Locations (not ids) drawn with probability proportional to their episode's length.
+                held = tf.minimum(last_id + 1, self.capacity)
+                logits = tf.math.log(tf.cast(self._episode_lengths[:held], tf.float32))
+                draws = tf.random.categorical(logits[None], tf.reduce_prod(shape), dtype=tf.int64, seed=seed)
+                return tf.reshape(draws, shape)
+            low, high = _valid_range_ids(last_id, self.capacity)
+            return tf.random.uniform(shape, minval=low, maxval=high, dtype=tf.int64, seed=seed)
+
+    def get_next(self, sample_batch_size=None, num_steps=None, time_stacked=True):
+        """One whole episode drawn uniformly, and `BufferInfo(ids=its id)` (the arguments are ignored, as in
+        TF-Agents; use `as_dataset` for batches and windows).
+
+        Raises:
+          InvalidArgumentError (when run): the buffer holds no episode.
+        """
+        del sample_batch_size, num_steps, time_stacked
+        with tf.device(self._config.device), tf.name_scope("get_next"):
+            episode_id = self._sample_episode_ids([], seed=self._config.seed)
+            return self._read_episode(self._location(episode_id)), BufferInfo(ids=episode_id)
+
+    def _held_id(self, location):
+        return tf.gather(self._episodes_loc_to_id_map, location)
+
+    def as_dataset(self, sample_batch_size=None, num_steps=None, num_parallel_calls=None,
+                   sequence_preprocess_fn=None, single_deterministic_pass: bool = False) -> tf.data.Dataset:
+        """Episodes or windows as a `tf.data.Dataset` (TF-Agents' elements and order).
+
+        Random (`single_deterministic_pass=False`, endless): `num_steps=None` gives `(episode, id)` with
+        episodes drawn uniformly; with `num_steps`, episodes are drawn with probability proportional to
+        their length, those shorter than `num_steps` skipped, and a uniformly placed window of `num_steps`
+        steps taken: `(window, id)`, batched by `sample_batch_size` (which needs `num_steps`).
+
+        Deterministic: every episode held, oldest first, as its steps (no id); with `num_steps`, the steps
+        of all episodes in order, cut into windows (`dataset_window_shift`, `dataset_drop_remainder`); with
+        `sample_batch_size` too, episodes are dealt to `sample_batch_size` shards (episode i to shard
+        i % sample_batch_size), each cut into whole windows, and batches take one window of each shard.
+
+        Raises:
+          ValueError: a spec with lists; `sample_batch_size` without `num_steps`.
+          NotImplementedError: `sequence_preprocess_fn`.
+        """
+        if _has_lists(self.data_spec):
+            raise ValueError(f"Cannot perform gather; data spec contains lists and this conflicts with gathering "
+                             f"operator.  Convert any lists to tuples.  For example, if your spec looks like "
+                             f"[a, b, c], change it to (a, b, c).  Spec structure is:\n  "
+                             f"{tf.nest.map_structure(lambda spec: spec.dtype, self.data_spec)}")
+        if sequence_preprocess_fn is not None:
+            raise NotImplementedError("sequence_preprocess_fn is not supported.")
+        if single_deterministic_pass:
+            return self._deterministic_dataset(sample_batch_size, num_steps, num_parallel_calls)
+        if sample_batch_size and num_steps is None:
+            raise ValueError("`num_steps` must be set if `sample_batch_size` is set in EpisodicReplayBuffer "
+                             "as_dataset.")
+        return self._sampled_dataset(sample_batch_size, num_steps, num_parallel_calls)
+
+    def _sampled_dataset(self, sample_batch_size, num_steps, num_parallel_calls):
+        config = self._config
+        draws = config.buffer_size * (sample_batch_size or 1)
+        # A seed for the window starts derived from `seed` (TF-Agents salts it the same way in spirit).
+        window_seed = None if config.seed is None else (config.seed * 7919 + 17) % (2**31 - 1)
+
+        def locations(_):
+            with tf.device(config.device):
+                ids = self._sample_episode_ids([draws], weigh_by_episode_length=num_steps is not None,
+                                               seed=config.seed)
+                where = self._location(ids)
+                if config.completed_only:
+                    where = tf.boolean_mask(where, tf.gather(self._episode_completed, where) > 0)
+                return where
+
+        ds = tf.data.Dataset.counter().map(locations).unbatch()
+        if num_steps is None:
+            def read(location):
+                with tf.device(config.device):
+                    return self._read_episode(location), self._held_id(location)
+            return ds.map(read, num_parallel_calls=num_parallel_calls)
+
+        ds = ds.map(lambda location: (location, tf.gather(self._episode_lengths, location)))
+        ds = ds.filter(lambda location, length: length >= num_steps)
+
+        def window(location, length):
+            with tf.device(config.device):
+                start = tf.random.uniform([], 0, length - num_steps + 1, dtype=tf.int64, seed=window_seed)
+                steps = start + tf.range(num_steps, dtype=tf.int64)
+                flat = self._data_table.read_steps(tf.fill([num_steps], location), steps)
+                return specs.pack_sequence_as(self.data_spec, flat), self._held_id(location)
+
+        ds = ds.map(window, num_parallel_calls=num_parallel_calls)
+        if sample_batch_size:
+            # The dataset never ends: dropping the remainder loses nothing and keeps the batch static.
+            ds = ds.batch(sample_batch_size, drop_remainder=True)
+        return ds
+
+    def _deterministic_dataset(self, sample_batch_size, num_steps, num_parallel_calls):
+        if sample_batch_size is not None and num_steps is None:
+            raise ValueError("When requesting a batched dataset from EpisodicReplayBuffer, num_steps must be "
+                             "provided (but saw num_steps=None).")
+        config = self._config
+
+        def episode_ids(_):
+            # Evaluated when iteration starts, so a dataset made before the adds sees them.
+            low, high = _valid_range_ids(self._last_episode.read_value(), self.capacity)
+            return tf.data.Dataset.range(low, high)
+
+        def read(episode_id):
+            with tf.device(config.device):
+                return self._read_episode(self._location(episode_id))
+
+        episodes = tf.data.Dataset.range(1).flat_map(episode_ids)
+
+        def windows(ds, drop_remainder):
+            return ds.unbatch().window(num_steps, shift=config.window_shift).flat_map(
+                lambda window: tf.data.Dataset.zip(tf.nest.map_structure(
+                    lambda d: d.batch(num_steps, drop_remainder=drop_remainder), window)))
+
+        if sample_batch_size is None:
+            ds = episodes.map(read, num_parallel_calls=num_parallel_calls)
+            return ds if num_steps is None else windows(ds, config.drop_remainder)
+        # Shard i holds episodes i, i + sample_batch_size, ...; each becomes whole windows; one window of
+        # each shard in turn, then batches of sample_batch_size.
+        shards = tf.data.Dataset.range(sample_batch_size).interleave(
+            lambda i: windows(episodes.shard(sample_batch_size, i).map(read), True),
+            cycle_length=sample_batch_size, block_length=1)
+        return shards.batch(sample_batch_size, drop_remainder=config.drop_remainder)
+
+    def gather_all(self) -> Any:
+        """Every step of every episode held (completed ones with `completed_only`), oldest episode first,
+        concatenated as `[1, sum of lengths, ...]`."""
+        with tf.device(self._config.device), tf.name_scope("gather_all"):
+            low, high = _valid_range_ids(self._last_episode.read_value(), self.capacity)
+            locations = self._location(tf.range(low, high))
+            lengths = tf.gather(self._episode_lengths, locations)
+            if self._config.completed_only:
+                lengths *= tf.cast(tf.gather(self._episode_completed, locations), tf.int64)
+            # Element k of the result is step (k - start of its episode) of the episode it falls in.
+            rows = tf.repeat(locations, lengths)
+            starts = tf.repeat(tf.cumsum(lengths, exclusive=True), lengths)
+            steps = tf.range(tf.reduce_sum(lengths)) - starts
+            flat = self._data_table.read_steps(rows, steps)
+            return specs.pack_sequence_as(self.data_spec, [leaf[None] for leaf in flat])
+
+    def clear(self):
+        """Empties every episode (ids stay valid: adds to them start again from step 0)."""
+        return self._clear()
+
+    def _clear(self, clear_all_variables: bool = False):
+        """`clear`; with `clear_all_variables`, also forgets every id and completion (ids restart at 0)."""
+        ops = [self._episode_lengths.assign(tf.zeros_like(self._episode_lengths), read_value=False),
+               self._num_writes.assign(0, read_value=False), self._data_table.clear()]
+        if clear_all_variables:
+            ops += [self._episode_completed.assign(tf.zeros_like(self._episode_completed), read_value=False),
+                    self._episodes_loc_to_id_map.assign(
+                        tf.fill([self.capacity], tf.constant(_INVALID_EPISODE_ID, tf.int64)), read_value=False),
+                    self._last_episode.assign(_INVALID_EPISODE_ID, read_value=False)]
+        return tf.group(ops, name="clear")
+
+
+class StatefulEpisodicReplayBuffer(tf.Module):
+    """An `EpisodicReplayBuffer` that keeps its writers' episode ids in a variable (for Driver observers).
+
+    Args:
+      replay_buffer: the `EpisodicReplayBuffer` to write to.
+      num_episodes: how many episodes are written side by side (`add_batch`'s outer dimension); None: one,
+        with a scalar id (`add_sequence`).
+
+    Raises:
+      TypeError: `replay_buffer` is not an `EpisodicReplayBuffer`.
+      ValueError: `num_episodes` > the buffer's capacity.
+    """
+
+    def __init__(self, replay_buffer: EpisodicReplayBuffer, num_episodes: Optional[int] = None):
+        super().__init__()
+        if not isinstance(replay_buffer, EpisodicReplayBuffer):
+            raise TypeError(f"Expected an EpisodicReplayBuffer, saw {replay_buffer}")
+        shape = ()
+        if num_episodes and num_episodes > 0:
+            if num_episodes > replay_buffer.capacity:
+                raise ValueError(f"Buffer cannot create episode_ids when num_episodes {num_episodes} > capacity "
+                                 f"{replay_buffer.capacity}.")
+            shape = (num_episodes,)
+        self._replay_buffer = replay_buffer
+        self._episode_ids_var = tf.Variable(tf.fill(shape, tf.constant(_INVALID_EPISODE_ID, tf.int64)),
+                                            trainable=False, name="episode_id")
+
+    @property
+    def data_spec(self) -> Any:
+        return self._replay_buffer.data_spec
+
+    @property
+    def capacity(self) -> int:
+        return self._replay_buffer.capacity
+
+    @property
+    def episode_ids(self) -> tf.Variable:
+        """The variable holding the ids of the episodes being written."""
+        return self._episode_ids_var
+
+    def add_batch(self, items) -> tf.Tensor:
+        """`EpisodicReplayBuffer.add_batch(items, self.episode_ids)`, keeping the returned ids."""
+        new_ids = self._replay_buffer.add_batch(items=items, episode_ids=self._episode_ids_var.read_value())
+        with tf.control_dependencies([self._episode_ids_var.assign(new_ids, read_value=False)]):
+            return tf.identity(new_ids)
+
+    def add_sequence(self, items) -> tf.Tensor:
+        """`EpisodicReplayBuffer.add_sequence(items, self.episode_ids)`, keeping the returned id."""
+        new_id = self._replay_buffer.add_sequence(items=items, episode_id=self._episode_ids_var.read_value())
+        with tf.control_dependencies([self._episode_ids_var.assign(new_id, read_value=False)]):
+            return tf.identity(new_id)
+
+    def get_next(self, sample_batch_size=None, num_steps=None, time_stacked=True):
+        return self._replay_buffer.get_next(sample_batch_size, num_steps, time_stacked)
+
+    def as_dataset(self, sample_batch_size=None, num_steps=None, num_parallel_calls=None,
+                   sequence_preprocess_fn=None, single_deterministic_pass: bool = False) -> tf.data.Dataset:
+        return self._replay_buffer.as_dataset(sample_batch_size, num_steps, num_parallel_calls,
+                                              sequence_preprocess_fn, single_deterministic_pass)
+
+    def gather_all(self) -> Any:
+        return self._replay_buffer.gather_all()
+
+    def num_frames(self) -> tf.Tensor:
+        return self._replay_buffer.num_frames()
+
+    def clear(self):
+        return self._replay_buffer.clear()

@@ -440,7 +440,7 @@ def chunk_from_proto(proto: schema_pb2.ChunkData, serialized: Optional[bytes] = 
     return chunk, headers
 
 
-_SCRATCH_BYTES = 4 << 20  # per thread: contents up to this size are decompressed into a reused buffer
+_SCRATCH_BYTES = 1 << 20  # per thread: contents up to this size are decompressed into a reused buffer
 _scratch = threading.local()
 
 

@@ -91,9 +91,13 @@ def test_keys_ignore_the_global_random_state():
     first = [chunk_store.new_key() for _ in range(3)]
     random.seed(0)
     assert [chunk_store.new_key() for _ in range(3)] != first
-    random.seed(0)
-    state_ids = {reverb.Server([_uniform_table()]).tables_state_id for _ in range(2)}
-    assert len(state_ids) == 2
+    servers = []
+    for _ in range(2):
+        random.seed(0)
+        servers.append(reverb.Server([_uniform_table()]))
+    for server in servers:
+        server.stop()
+    assert servers[0].tables_state_id != servers[1].tables_state_id
 
 
 @pytest.mark.slow
@@ -394,10 +398,13 @@ def test_serve_survives_a_failing_periodic_checkpoint_and_retries(tmp_path, monk
 
     monkeypatch.setattr(checkpointing, "_write_records", full_disk_once)
 
+    default_handler = signal.getsignal(signal.SIGTERM)
+
     def stop_when_retried():
         if retried.wait(60):
             time.sleep(0.2)
-        os.kill(os.getpid(), signal.SIGTERM)  # (the handler serve installs sets its stop event)
+        if signal.getsignal(signal.SIGTERM) is not default_handler:  # serve's handler sets its stop event
+            os.kill(os.getpid(), signal.SIGTERM)
 
     stopper = threading.Thread(target=stop_when_retried)
     stopper.start()

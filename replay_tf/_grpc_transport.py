@@ -18,9 +18,22 @@ Implements `replay_tf.client.Transport` over `deepmind.reverb.ReverbService`:
 
 gRPC failures become Reverb's Python errors: DEADLINE_EXCEEDED -> `DeadlineExceededError`,
 INVALID_ARGUMENT / NOT_FOUND / FAILED_PRECONDITION -> `ValueError`, others -> `ReverbError`.
+
+Calls wait for the server (gRPC's wait_for_ready, as Reverb's client): when a channel is still trying to
+connect `WAIT_LOG_AFTER_S` seconds after its first call or stream, one warning names the address, so a
+wrong address or a server that is down does not hang silently.
+
+Tokens: an auth token is sent only over TLS or to a loopback address, unless the user opts in with
+`REPLAY_TF_ALLOW_PLAINTEXT_TOKEN=1` (e.g. on a trusted private network): over plaintext anyone on the
+network path can read it. The refusal is raised before any channel exists. Surrounding whitespace (a
+token read from a file or an environment variable ends with a newline) is stripped.
 """
 from __future__ import annotations
 
+import logging
+import os
+import threading
+import weakref
 from typing import Any, Dict, Optional
 
 import grpc
@@ -34,25 +47,129 @@ from replay_tf.wire import codec
 from replay_tf.wire import reverb_service_pb2
 
 translate_error = common.translate_error
+_log = logging.getLogger(__name__)
+
+#: Environment variable: "1" (or "true", "yes") lets a token travel without TLS to a non-loopback address.
+ALLOW_PLAINTEXT_TOKEN_ENV = "REPLAY_TF_ALLOW_PLAINTEXT_TOKEN"
+#: Seconds a channel may try to connect before the client logs that it is still waiting for the server.
+WAIT_LOG_AFTER_S = 5.0
+
+
+def _plaintext_token_allowed(allow_plaintext_token: Optional[bool]) -> bool:
+    if allow_plaintext_token is not None:
+        return bool(allow_plaintext_token)
+    return os.environ.get(ALLOW_PLAINTEXT_TOKEN_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+def checked_token(server_address: str, auth_token: Optional[str], tls: bool,
+                  allow_plaintext_token: Optional[bool] = None) -> Optional[str]:
+    """`auth_token` without surrounding whitespace; ValueError for a blank one, or for one that would travel
+    in plaintext to a non-loopback address without the user's opt-in."""
+    if auth_token is None:
+        return None
+    if not isinstance(auth_token, str) or not auth_token.strip():
+        raise ValueError(f"auth_token for {server_address} must be a non-empty str (from the auth_token argument, "
+                         f"set_connection_options or REPLAY_TF_AUTH_TOKEN), got {auth_token!r:.20}")
+    if not tls and not _addresses.is_loopback_target(server_address) and not _plaintext_token_allowed(
+            allow_plaintext_token):
+        raise ValueError(f"refusing to send the auth token to {server_address} in plaintext: the address is not "
+                         f"loopback and the connection has no TLS, so anyone on the network path could read the "
+                         f"token. Connect with TLS (channel_credentials=grpc.ssl_channel_credentials(...), or "
+                         f"REPLAY_TF_TLS_ROOT_CERTS), or set {ALLOW_PLAINTEXT_TOKEN_ENV}=1 to send it anyway on a "
+                         f"network you trust")
+    return auth_token.strip()
+
+
+def _connectivity(channel: grpc.Channel) -> Optional[int]:
+    """The channel's connectivity state (`grpc.ChannelConnectivity.X.value[0]`) without connecting, or None.
+
+    gRPC's public API offers only a subscription, whose polling thread outlives `unsubscribe` by up to
+    0.2 s and raises in that thread when the channel is closed meanwhile; this reads the state once
+    through the channel's core object instead (None where a gRPC version lacks it).
+    """
+    try:
+        return int(channel._channel.check_connectivity_state(False))
+    except Exception:  # noqa: BLE001  (missing attribute, or a closed channel)
+        return None
+
+
+class _WaitLogger:
+    """Logs once when a channel is still trying to reach its server `WAIT_LOG_AFTER_S` seconds after a call.
+
+    `arm()` (each call or stream, cheap once settled) starts one timer; when it fires, a channel that is
+    connecting or failing to connect has a call waiting for the server: one warning, then nothing more.
+    A connected channel, or a successful call (`connected()`), settles it silently. Holds the channel
+    weakly, so a channel dropped without `close()` is still collected.
+    """
+
+    def __init__(self, address: str, tls: bool, channel: grpc.Channel):
+        self._address, self._tls = address, tls
+        self._channel = weakref.ref(channel)
+        self._lock = threading.Lock()
+        self._timer: Optional[threading.Timer] = None
+        self._settled = False  # connected once, logged or closed: nothing more to do
+
+    def arm(self) -> None:
+        if self._settled or self._timer is not None:
+            return
+        with self._lock:
+            if self._settled or self._timer is not None:
+                return
+            self._timer = threading.Timer(WAIT_LOG_AFTER_S, self._fire)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _fire(self) -> None:
+        channel = self._channel()
+        state = None if channel is None else _connectivity(channel)
+        waiting = state in (grpc.ChannelConnectivity.CONNECTING.value[0],
+                            grpc.ChannelConnectivity.TRANSIENT_FAILURE.value[0])
+        with self._lock:
+            self._timer = None
+            if self._settled:
+                return
+            # Idle (nothing waits yet) or unknown: the next call arms the timer again.
+            self._settled = state == grpc.ChannelConnectivity.READY.value[0] or waiting
+        if waiting:
+            hint = "" if self._tls else " (a server started with TLS needs channel_credentials)"
+            _log.warning("replay_tf: still waiting for the replay server at %s after %.3g s: nothing accepts the "
+                         "connection yet%s; calls wait until it does. Check the address and that the server runs.",
+                         self._address, WAIT_LOG_AFTER_S, hint)
+
+    def connected(self) -> None:
+        if not self._settled:
+            self.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._settled = True
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
 
 
 class Transport:
     """`replay_tf.client.Transport` to a Reverb-protocol server at `server_address` (`host:port`).
 
     `channel_credentials` (`grpc.ChannelCredentials`) makes the channel use TLS; `auth_token` is sent with
-    every call as `authorization: Bearer <token>` metadata (see `replay_tf.Server(auth_token=...)`).
+    every call as `authorization: Bearer <token>` metadata (see `replay_tf.Server(auth_token=...)`), only
+    over TLS or to a loopback address unless `allow_plaintext_token` (default: the environment variable
+    `REPLAY_TF_ALLOW_PLAINTEXT_TOKEN`) is true: ValueError otherwise, before any connection.
     """
 
     def __init__(self, server_address: str, *, channel_credentials: Optional[grpc.ChannelCredentials] = None,
-                 auth_token: Optional[str] = None):
+                 auth_token: Optional[str] = None, allow_plaintext_token: Optional[bool] = None):
         self._address = server_address
         self._loopback = _addresses.is_loopback_target(server_address)  # (stacked samples may use shared memory)
+        auth_token = checked_token(server_address, auth_token, channel_credentials is not None,
+                                   allow_plaintext_token)
         if channel_credentials is None:
             channel = grpc.insecure_channel(server_address, options=common.CHANNEL_OPTIONS)
         else:
             channel = grpc.secure_channel(server_address, channel_credentials, options=common.CHANNEL_OPTIONS)
         self._tls = channel_credentials is not None
         self._raw_channel = channel
+        self._wait_logger = _WaitLogger(server_address, self._tls, channel)
         if auth_token is not None:
             channel = grpc.intercept_channel(channel, common.AuthTokenInterceptor(auth_token))
         self._channel = channel
@@ -81,19 +198,23 @@ class Transport:
                 f"channel_credentials)")
 
     def _call(self, name: str, request, response_class, timeout_s: Optional[float] = None):
+        self._wait_logger.arm()
         try:
             raw = self._unary[name](request.SerializeToString(), timeout=timeout_s, wait_for_ready=True)
         except grpc.RpcError as e:
             raise translate_error(e, f"{name} call to {self._address} failed") from None
+        self._wait_logger.connected()
         return response_class.FromString(raw)
 
     def open_insert_stream(self) -> _grpc_insert.InsertStream:
+        self._wait_logger.arm()
         return _grpc_insert.InsertStream(self._channel)
 
     def open_sample_stream(self, table: str, num_samples_per_request: int,
                            rate_limiter_timeout_ms: Optional[int], *,
                            max_samples_per_stream: Optional[int] = None,
                            max_samples: Optional[int] = None, stacked: bool = False) -> _grpc_sample.SampleStream:
+        self._wait_logger.arm()
         return _grpc_sample.SampleStream(self._channel, table, num_samples_per_request, rate_limiter_timeout_ms,
                                          max_samples_per_stream, max_samples, stacked,
                                          shared_memory=self._loopback)
@@ -122,4 +243,5 @@ class Transport:
                           reverb_service_pb2.CheckpointResponse).checkpoint_path
 
     def close(self) -> None:
+        self._wait_logger.close()
         self._channel.close()

@@ -70,7 +70,8 @@ class Server:
         without credentials: code running in the server's process is trusted (it could read the tables'
         memory anyway).
 
-    Binding a non-loopback `host` with neither TLS nor a token logs a warning.
+    Binding a non-loopback `host` without TLS logs a warning (a token alone travels in plaintext). A Server
+    that fails to start its listener (e.g. the port is taken) raises and leaves no trace in the process.
 
     >>> server = Server([Table.queue('q', 10)], max_message_bytes=1 << 20)
     >>> server.max_message_bytes
@@ -118,7 +119,16 @@ class Server:
             if other is not None and not other._stopped.is_set():
                 raise ValueError(f"port {self._port} is already served by another Server in this process")
             _registry[self._port] = self
-        self._service = self._start_service()
+        try:
+            self._service = self._start_service()
+        except BaseException:
+            # Unregistered: a failed Server (e.g. its port is taken by another process) must not answer
+            # in-process clients of that port, which would then miss the process that owns it.
+            self._stopped.set()
+            with _registry_lock:
+                if _registry.get(self._port) is self:
+                    del _registry[self._port]
+            raise
 
     def _start_service(self):
         """Hook that starts the network listener (`replay_tf.service.start(server)`), when that module exists."""

@@ -787,7 +787,7 @@ def start(server, *, host: Optional[str] = None, port: Optional[int] = None,
         `checkpointer` and `checkpoint()` are used).
       host: Interface to bind; default `server.host`, else "localhost". Binding anything else (e.g.
         "0.0.0.0") exposes the tables to the network, as Reverb always does: a warning is logged unless
-        TLS or a token protects them.
+        TLS protects them (a token alone travels in plaintext).
       port: Port to bind; default `server.port`.
       max_message_bytes: Largest request accepted (default `server.max_message_bytes` if set, else
         `DEFAULT_MAX_MESSAGE_BYTES`); -1 for no limit. Responses are never limited.
@@ -814,6 +814,12 @@ def start(server, *, host: Optional[str] = None, port: Optional[int] = None,
     if not _addresses.is_loopback_host(host) and server_credentials is None and auth_token is None:
         _log.warning("the replay server binds %s:%s without TLS or auth token: anyone who can reach it may read, "
                      "insert and delete data (pass server_credentials= and auth_token= to Server)", host, port)
+    elif not _addresses.is_loopback_host(host) and server_credentials is None:
+        # Clients refuse to send a token in plaintext to a non-loopback address unless their users opt in.
+        _log.warning("the replay server binds %s:%s with an auth token but without TLS: clients send the token in "
+                     "plaintext, readable by anyone on the network path (pass server_credentials= to Server for "
+                     "TLS; remote clients refuse to send it in plaintext unless REPLAY_TF_ALLOW_PLAINTEXT_TOKEN=1)",
+                     host, port)
     servicer = ReverbServicer(server)
     options = [
         ("grpc.max_receive_message_length", int(max_message_bytes)),

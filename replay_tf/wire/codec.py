@@ -428,13 +428,13 @@ def chunk_from_proto(proto: schema_pb2.ChunkData, serialized: Optional[bytes] = 
     if rows < 1:
         raise ChunkDecodeError(f"chunk {proto.chunk_key} has an empty sequence range "
                                f"[{sequence_range.start}, {sequence_range.end}]")
-    headers = _seen_headers(serialized, rows) if serialized is not None else None
+    headers = _seen_headers(serialized, rows, check_content) if serialized is not None else None
     if headers is None:
         headers = _checked_headers(proto, tensors, sequence_range, rows)
-    if serialized is None:
-        serialized = proto.SerializeToString()
-    if check_content:
-        _check_contents(proto, serialized, tensors, headers)
+        if serialized is None:
+            serialized = proto.SerializeToString()
+        if check_content:
+            _check_contents(proto, serialized, tensors, headers)
     chunk = chunk_store.Chunk(proto.chunk_key, None, sequence_range, delta_encoded=proto.delta_encoded,
                               encoded=serialized, decoder=_decode_serialized)
     return chunk, headers
@@ -442,6 +442,16 @@ def chunk_from_proto(proto: schema_pb2.ChunkData, serialized: Optional[bytes] = 
 
 _SCRATCH_BYTES = 1 << 20  # per thread: contents up to this size are decompressed into a reused buffer
 _scratch = threading.local()
+
+
+def _scratch_buffer(size: int) -> np.ndarray:
+    """A buffer of at least `size` bytes to decompress into and drop: this thread's, when small enough."""
+    out = getattr(_scratch, "buffer", None)
+    if out is None or len(out) < size:
+        out = np.empty(max(size, 1), np.uint8)
+        if size <= _SCRATCH_BYTES:
+            _scratch.buffer = out
+    return out
 
 
 def _check_contents(proto: schema_pb2.ChunkData, serialized: bytes, tensors, headers: list) -> None:
@@ -465,13 +475,8 @@ def _check_contents(proto: schema_pb2.ChunkData, serialized: bytes, tensors, hea
             continue
         content = contents[index] if contents is not None else tensors[index].tensor_content
         expected = count * dtype.itemsize
-        out = getattr(_scratch, "buffer", None)
-        if out is None or len(out) < expected:
-            out = np.empty(max(expected, 1), np.uint8)
-            if expected <= _SCRATCH_BYTES:
-                _scratch.buffer = out
         try:
-            size = _decompress_raw_into(content, out)
+            size = _decompress_raw_into(content, _scratch_buffer(expected))
         except Exception as e:  # noqa: BLE001  (cramjam raises its own DecompressionError type)
             raise ChunkDecodeError(f"chunk {proto.chunk_key}: tensor {index} content is not valid Snappy raw data: "
                                    f"{e}") from None
@@ -493,11 +498,11 @@ def _checked_headers(proto: schema_pb2.ChunkData, tensors, sequence_range: chunk
     return headers
 
 
-def _seen_headers(serialized: bytes, rows: int) -> Optional[list]:
+def _seen_headers(serialized: bytes, rows: int, check_content: bool = False) -> Optional[list]:
     """The headers `chunk_from_proto` checks, read from the serialized chunk when every tensor is numeric
     with a header seen before and passes the checks (nothing is copied: protobuf would copy each
-    `tensor_content` to be read); None otherwise, for the checks on the parsed chunk to run (and name
-    what is wrong)."""
+    `tensor_content` to be read), each content decompressed in full when `check_content`; None otherwise,
+    for the checks on the parsed chunk to run (and name what is wrong)."""
     fields = _raw.chunk_tensor_fields(serialized)
     if not fields:
         return None
@@ -508,9 +513,13 @@ def _seen_headers(serialized: bytes, rows: int) -> Optional[list]:
         if header is None or not header[1] or header[1][0] != rows:
             return None
         try:
-            if cramjam.snappy.decompress_raw_len(view[start:end]) != header[2]:
-                return None
+            if check_content:
+                size = _decompress_raw_into(view[start:end], _scratch_buffer(header[2]))
+            else:
+                size = cramjam.snappy.decompress_raw_len(view[start:end])
         except Exception:  # noqa: BLE001  (cramjam's own DecompressionError: reported by the full check)
+            return None
+        if size != header[2]:
             return None
         headers.append(header[:2])
     return headers

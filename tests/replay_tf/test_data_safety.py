@@ -187,6 +187,26 @@ def _truncated_body_chunk(key, values):
     return proto
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.int16])
+def test_chunk_content_check_catches_a_truncated_body_with_a_new_or_a_seen_header(dtype):
+    values = np.arange(40).astype(dtype)
+
+    def make(key):
+        return chunk_store.Chunk(key, [values], chunk_store.SequenceRange(1, 0, 39))
+
+    for attempt in range(2):  # the second time, the header is known and the fast path reads the bytes in place
+        proto = codec.chunk_to_proto(make(3000 + attempt))
+        content = proto.data.tensors[0].tensor_content
+        proto.data.tensors[0].tensor_content = content[:-1]
+        serialized = proto.SerializeToString()
+        codec.chunk_from_proto(proto, serialized)  # only the Snappy header is read: it announces the right size
+        with pytest.raises(codec.ChunkDecodeError, match=rf"chunk {3000 + attempt}: tensor 0 content is not valid"):
+            codec.chunk_from_proto(proto, serialized, check_content=True)
+        sound = codec.chunk_to_proto(make(3100 + attempt))
+        chunk, headers = codec.chunk_from_proto(sound, sound.SerializeToString(), check_content=True)
+        assert headers == [(np.dtype(dtype), (40,))] and chunk.tensors[0].tolist() == values.tolist()
+
+
 def test_insert_stream_refuses_a_chunk_with_a_truncated_snappy_body(grpc_server, channel):
     table = grpc_server.tables["t"]
     table.reset()

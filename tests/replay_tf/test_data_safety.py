@@ -302,7 +302,8 @@ def _shift_slice(proto):
 
 CRAFTED = [
     # (change of the item records, signature of the restoring server, error regex)
-    (lambda records: [*records, records[0]], None, r"items.records record 6 \(item \d+ of table '[pu]'\) repeats a key"),
+    (lambda records: [*records, records[0]], None,
+     r"items.records record 6 \(item \d+ of table '[pu]'\) repeats a key"),
     (_item_records_change(0, _set("priority", math.nan)), None, r"items.records record 0 .*is NaN"),
     (_item_records_change(1, _set("priority", -1.0)), None, r"items.records record 1 .*must be >= 0"),
     (_item_records_change(2, _set("priority", math.inf)), None, r"items.records record 2 .*must be finite"),

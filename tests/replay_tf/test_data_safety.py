@@ -538,3 +538,30 @@ def test_serve_stopped_while_a_writer_inserts_checkpoints_every_confirmed_item(t
         assert table.size() >= 24 + len(writer.confirmed)
     finally:
         restored.stop()
+
+
+def test_serve_exits_1_when_its_exit_checkpoint_cannot_be_written(tmp_path, monkeypatch, capsys):
+    config = tmp_path / "tables.json"
+    config.write_text(json.dumps({"tables": [{"name": "t", "queue": 10}]}))
+
+    def full_disk(path, records):
+        raise OSError(errno.ENOSPC, "No space left on device", path)
+
+    monkeypatch.setattr(checkpointing, "_write_records", full_disk)
+    default_handler = signal.getsignal(signal.SIGTERM)
+
+    def stop_once_serving():
+        deadline = time.monotonic() + 60
+        while signal.getsignal(signal.SIGTERM) is default_handler and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if signal.getsignal(signal.SIGTERM) is not default_handler:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    stopper = threading.Thread(target=stop_once_serving)
+    stopper.start()
+    status = cli.main(["serve", "--config", str(config), "--checkpoint-dir", str(tmp_path / "ckpt"),
+                       "--stats-interval", "0.1"])
+    stopper.join()
+    captured = capsys.readouterr()
+    assert status == 1 and "replay-tf: stopped" in captured.out
+    assert "checkpoint failed, the previous checkpoint stays: OSError: [Errno 28]" in captured.err

@@ -24,13 +24,13 @@ def _buffer(alpha=1.0, batch_size=1, max_length=4, adds=2):
     return rb
 
 
-@pytest.mark.parametrize("graph", [False, True])
-@pytest.mark.parametrize("alpha, priority", [
-    (1.0, 3e38),          # finite in float32, but two of them sum to inf
-    (2.0, 1e20),          # finite priority, its power overflows float32
-    (1.0, FLOAT32_MAX / (2 * 4) * 1.01),  # just above the bound for capacity 4
+@pytest.mark.parametrize("alpha, priority, graph", [
+    (1.0, 3e38, False),                            # finite in float32, but two of them sum to inf
+    (1.0, 3e38, True),
+    (2.0, 1e20, False),                            # finite priority, its power overflows float32
+    (1.0, FLOAT32_MAX / (2 * 4) * 1.01, False),    # just above the bound for capacity 4
 ])
-def test_buffer_refuses_priorities_that_could_overflow_the_tree(graph, alpha, priority):
+def test_buffer_refuses_priorities_that_could_overflow_the_tree(alpha, priority, graph):
     rb = _buffer(alpha=alpha)
     update = rb.update_priorities
     if graph:  # the graph path asserts inside the function (the eager path runs one XLA program)

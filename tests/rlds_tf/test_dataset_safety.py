@@ -220,3 +220,22 @@ def test_features_the_records_lack_are_named(clean, tmp_path, path, field, loade
     with pytest.raises(ValueError, match=rf"features.json declares field\(s\) \['{field}'\] but the records lack "
                                          rf"them \(record 0 of '.*{SHARD.format(0)}', split 'train'"):
         loader(directory, split="train")
+
+
+def test_appending_writer_refuses_a_hostile_template_and_releases_the_lock(clean, tmp_path):
+    import tensorflow as tf
+    import tensorflow_datasets as tfds
+    from rlds_tf.recording import TFDSBackendWriter
+    directory = _copy(clean, tmp_path)
+    victim = tmp_path / "victim-00001"   # looks like a shard with a cut record: recovery would truncate it
+    with open(os.path.join(clean, SHARD.format(1)), "rb") as f:
+        victim.write_bytes(f.read() + b"\x99" * 40)
+    _edit_info(directory, filepathTemplate="../victim-{SHARD_INDEX}")
+    before = _snapshot(str(tmp_path))
+    config = tfds.rlds.rlds_base.DatasetConfig(name="rlds_dataset", observation_info=tf.float32,
+                                               action_info=tf.int64, reward_info=tf.float64,
+                                               discount_info=tf.float64)
+    with pytest.raises(ValueError, match="not a file directly inside the dataset directory"):
+        TFDSBackendWriter(directory, config, overwrite=False)
+    assert _snapshot(str(tmp_path)) == before
+    assert not _tfrecord_files.writer_is_active(directory)

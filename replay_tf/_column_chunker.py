@@ -35,6 +35,17 @@ def remote_chunk_length(row_bytes: int, num_keep_alive_refs: int) -> int:
     return int(min(max(1, num_keep_alive_refs), max(1, best)))
 
 
+# numpy dtype names that TensorFlow's C++ `DataTypeString` (in Reverb's messages) spells differently.
+_CPP_DTYPE_NAMES = {"float16": "half", "float32": "float", "float64": "double"}
+
+
+def cpp_dtype_name(dtype: np.dtype) -> str:
+    """`dtype` as Reverb's error messages name it (TensorFlow's C++ names: `float`, `double`, `int32`)."""
+    if dtype.kind in "OSU":
+        return "string"
+    return _CPP_DTYPE_NAMES.get(dtype.name, dtype.name)
+
+
 class _CellRef:
     """A reference to one step of one column: row `row` of `chunk`."""
 
@@ -69,8 +80,10 @@ class _ColumnChunker:
     """Appends one column's values to its current chunk and hands out references to them."""
 
     def __init__(self, path: str, first_value: np.ndarray, num_keep_alive_refs: int,
-                 max_chunk_length: Optional[int], open_chunks: bool, delta_encoded: bool = False):
+                 max_chunk_length: Optional[int], open_chunks: bool, delta_encoded: bool = False, *,
+                 label: Optional[str] = None):
         self.path = path
+        self.label = path if label is None else label  # the column as errors name it (each writer as Reverb's)
         self.delta_encoded = delta_encoded  # (how remote chunks are encoded: Reverb's delta encoding)
         self.dtype = first_value.dtype
         self.shape = tuple(first_value.shape)
@@ -104,12 +117,17 @@ class _ColumnChunker:
         self.max_chunk_length = self._chunk_length(max_chunk_length)
 
     def check(self, value: np.ndarray) -> None:
+        """ValueError unless `value` has the column's dtype and shape (fixed by its first value); the message
+        starts with Reverb's text for the same error."""
         if value.dtype != self.dtype:
-            raise ValueError(f"Tensor of wrong dtype provided for column {self.path}. Got {value.dtype.name} but "
-                             f"expected {self.dtype.name}.")
+            raise ValueError(f"Tensor of wrong dtype provided for column {self.label}. Got "
+                             f"{cpp_dtype_name(value.dtype)} but expected {cpp_dtype_name(self.dtype)}. The column "
+                             f"{self.path} holds numpy {self.dtype.name} since its first value; got "
+                             f"{value.dtype.name}: convert the value to {self.dtype.name}.")
         if value.shape != self.shape:
-            raise ValueError(f"Tensor of incompatible shape provided for column {self.path}. Got "
-                             f"{list(value.shape)} which is incompatible with {list(self.shape)}.")
+            raise ValueError(f"Tensor of incompatible shape provided for column {self.label}. Got "
+                             f"{list(value.shape)} which is incompatible with {list(self.shape)}. The column "
+                             f"{self.path} holds values of shape {self.shape} since its first value.")
 
     def append(self, value: np.ndarray, episode_id: int, step: int) -> _CellRef:
         if self.chunk is None:

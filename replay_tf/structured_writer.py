@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import collections
 import datetime
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, Optional, Sequence
 
 import tree
 
 from replay_tf import errors
+from replay_tf import reverb_types  # noqa: F401  (Reverb's `structured_writer.reverb_types`)
 from replay_tf._writer_context import FlushOnExitCloseOnDelete
 from replay_tf.core.chunk_store import Item
 from replay_tf._column_chunker import _ColumnChunker, _new_key
@@ -35,6 +36,8 @@ from replay_tf._leaves import flat_dict_keys, leaf_array, path_str
 from rlds_tf.patterns import Condition
 from rlds_tf.patterns import ConditionProto
 from rlds_tf.patterns import Config
+from rlds_tf.patterns import Pattern
+from rlds_tf.patterns import ReferenceStep
 from rlds_tf.patterns import constant_priority_fn
 from rlds_tf.patterns import create_config
 from rlds_tf.patterns import create_reference_step
@@ -42,13 +45,20 @@ from rlds_tf.patterns import infer_signature
 from rlds_tf.patterns import pattern_from_transform
 from rlds_tf.patterns import td_error
 from rlds_tf.patterns import unpack_pattern
+from rlds_tf.patterns import patterns_pb2  # noqa: F401  (Reverb's `structured_writer.patterns_pb2`)
 from rlds_tf.patterns import configs as configs_lib
 from rlds_tf.patterns.evaluator import PatternEvaluator
+
+# A function from a reference step to a pattern (the argument of `pattern_from_transform`).
+PatternTransform = Callable[[ReferenceStep], Pattern]
 
 __all__ = [
     "Condition",
     "ConditionProto",
     "Config",
+    "Pattern",
+    "PatternTransform",
+    "ReferenceStep",
     "StructuredWriter",
     "constant_priority_fn",
     "create_config",
@@ -78,6 +88,7 @@ class StructuredWriter(FlushOnExitCloseOnDelete):
         self._chunkers: Dict[int, _ColumnChunker] = {}
         self._refs: Dict[int, collections.OrderedDict] = {c: collections.OrderedDict() for c in self._histories}
         self._paths: Optional[list] = None
+        self._labels: Optional[list] = None  # per column, its name in Reverb's errors
         self._keys: Optional[tuple] = None  # the first step's keys, when it was a flat dict of leaves
         self._next_step = 0          # absolute number of the next (or open) step, as the evaluator counts
         self._step_in_episode = 0
@@ -100,10 +111,12 @@ class StructuredWriter(FlushOnExitCloseOnDelete):
             with_path = tree.flatten_with_path(data)
             if self._paths is None:
                 self._paths = [path_str(path) for path, _ in with_path]
+                self._labels = [f"{column} (path={tuple(path)!r})" for column, (path, _) in enumerate(with_path)]
                 self._keys = keys
             elif len(with_path) != len(self._paths):
-                raise ValueError(f"Number of flattened data elements ({len(with_path)}) does not match the first "
-                                 f"append ({len(self._paths)} elements: {self._paths})")
+                raise ValueError(f"Flattened data has an unexpected length, got {len(with_path)} but wanted "
+                                 f"{len(self._paths)}. Every step must have the first step's structure, whose "
+                                 f"leaves are {self._paths} (None for a field a step lacks).")
         # Every column is checked, read or not (as Reverb).
         flat = [None if value is None else leaf_array(value, path, "the appended step", none_ok=True)
                 for path, value in with_path]
@@ -118,7 +131,8 @@ class StructuredWriter(FlushOnExitCloseOnDelete):
                                  f"previous (partial) append call")
             chunker = self._chunkers.get(column)
             if chunker is None:
-                chunker = _ColumnChunker(self._paths[column], value, history + 1, None, self._open_chunks)
+                chunker = _ColumnChunker(self._paths[column], value, history + 1, None, self._open_chunks,
+                                         label=self._labels[column])  # Reverb's `column 1 (path=('b', 'c'))`
                 self._chunkers[column] = chunker
             else:
                 chunker.check(value)

@@ -382,7 +382,8 @@ class TrajectoryWriter(FlushOnExitCloseOnDelete):
                 num_keep_alive, max_chunk_length = self._column_config.get(
                     self._paths[index], (self._num_keep_alive_refs, None))
                 chunker = _ColumnChunker(_path_str(self._paths[index]), array, num_keep_alive, max_chunk_length,
-                                         self._open_chunks, self._delta_encoded)
+                                         self._open_chunks, self._delta_encoded,
+                                         label=repr(tuple(self._paths[index])))  # Reverb's `column ('b', 'c')`
                 if new_chunkers is None:
                     new_chunkers = []
                 new_chunkers.append((index, chunker))

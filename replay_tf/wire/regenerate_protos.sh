@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Regenerates the committed *_pb2.py files of rl-data-tf from their .proto sources:
-#   replay_tf/wire/{schema,reverb_service,checkpoint}.proto and rlds_tf/patterns/patterns.proto.
+#   replay_tf/wire/{schema,reverb_service,checkpoint}.proto, rlds_tf/patterns/patterns.proto and
+#   replay_tf/server_executable/reverb_config.proto.
 #
 # Usage (from anywhere): bash replay_tf/wire/regenerate_protos.sh
 #
@@ -54,7 +55,8 @@ with open(sys.argv[1], "wb") as f:
 PY
 
 cd "${ROOT}"
-PROTOS=(replay_tf/wire/schema.proto replay_tf/wire/reverb_service.proto replay_tf/wire/checkpoint.proto)
+PROTOS=(replay_tf/wire/schema.proto replay_tf/wire/reverb_service.proto replay_tf/wire/checkpoint.proto
+        replay_tf/server_executable/reverb_config.proto)
 if [[ -f rlds_tf/patterns/patterns.proto ]]; then
   PROTOS+=(rlds_tf/patterns/patterns.proto)
 fi

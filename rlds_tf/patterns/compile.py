@@ -16,13 +16,17 @@ Iterators over the result are checkpointable (scan, map and unbatch all save the
 """
 from __future__ import annotations
 
+import logging
 from typing import Any, Callable, Optional, Sequence
 
 import tensorflow as tf
 import tree
 
+from rlds_tf.patterns import conditions as conditions_lib
 from rlds_tf.patterns import configs as configs_lib
 from rlds_tf.patterns import nodes
+
+_log = logging.getLogger(__name__)
 
 
 
@@ -35,12 +39,22 @@ def _condition_left(condition, *, step_index, buffer_length, is_end, flat_block)
         return tf.cast(is_end, tf.int64)
     if condition.left == "flat_source_index":
         column = flat_block[condition.flat_source_index]
-        column = tf.reshape(column, [-1])  # one value per step (checked at config time)
+        if conditions_lib.data_column_problem(condition.flat_source_index, column.dtype,
+                                              column.shape[1:].num_elements()) is not None:
+            return None  # Reverb: never met (logged once by compile_blocks)
+        column = tf.reshape(column, [-1])  # one value per step
         if column.dtype == tf.bool:
             return tf.cast(column, tf.int64)
         # Reverb casts the value to a C++ int (int32, wrapping) before comparing.
         return tf.cast(tf.cast(column, tf.int32), tf.int64)
     raise ValueError(f"no stateless left value for {condition.left!r}")
+
+
+def _evaluate(condition, left: Optional[tf.Tensor], like: tf.Tensor) -> tf.Tensor:
+    """`condition` on `left` per step; all False when `left` is None (a data condition Reverb never meets)."""
+    if left is None:
+        return tf.zeros_like(like, dtype=tf.bool)
+    return condition.evaluate(left, tf.truncatemod)
 
 
 def _all(masks: list, like: tf.Tensor) -> tf.Tensor:
@@ -75,6 +89,12 @@ def compile_blocks(blocks: tf.data.Dataset, configs: Sequence[Any], step_spec: A
     configs = configs_lib.with_buffer_length_conditions(configs_lib.validate_configs(configs, step_spec),
                                                         cumulative=cumulative_history)
     flat_spec = tree.flatten(step_spec)
+    for index in sorted({c.flat_source_index for config in configs for c in config.conditions
+                         if c.left == "flat_source_index"}):
+        problem = conditions_lib.data_column_problem(index, tf.as_dtype(flat_spec[index].dtype),
+                                                     tf.TensorShape(flat_spec[index].shape).num_elements())
+        if problem is not None:
+            _log.error(problem)
     num_configs = len(configs)
     histories = configs_lib.column_histories(configs)
     capacity = max(histories.values())
@@ -124,11 +144,11 @@ def compile_blocks(blocks: tf.data.Dataset, configs: Sequence[Any], step_spec: A
         fire_append, fire_end, ssa_conds = [], [], []
         for k, config in enumerate(configs):
             stateless = [c for c in config.conditions if c.left != "steps_since_applied"]
-            at_append = _all([c.evaluate(_condition_left(c, is_end=tf.zeros_like(is_last), **lefts),
-                                         tf.truncatemod) for c in stateless], is_last)
+            at_append = _all([_evaluate(c, _condition_left(c, is_end=tf.zeros_like(is_last), **lefts), is_last)
+                              for c in stateless], is_last)
             if has_end_conditions and any(c.left == "is_end_episode" for c in config.conditions):
-                at_end = _all([c.evaluate(_condition_left(c, is_end=tf.ones_like(is_last), **lefts),
-                                          tf.truncatemod) for c in stateless], is_last)
+                at_end = _all([_evaluate(c, _condition_left(c, is_end=tf.ones_like(is_last), **lefts), is_last)
+                               for c in stateless], is_last)
             else:
                 at_end = at_append
             fire_append.append(at_append)

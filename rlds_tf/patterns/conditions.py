@@ -8,7 +8,9 @@ each optionally inverted (`!=`, `<`, `<=` are built from those, as in Reverb). T
                        not reset at the end of an episode
   buffer_length        steps held in the history buffer (capped at the longest history any config needs)
   is_end_episode       1 while the episode is being ended (after its last step), else 0; only `== 1`
-  data                 the value of a scalar integer or bool column in the most recent step, cast to int32
+  data                 the value of a scalar integer or bool column in the most recent step, cast to int32;
+                       as in Reverb, a data condition on a column of another dtype (float, string) or with
+                       more than one element is false at every step (logged once), never a build error
 
 >>> Condition.step_index() % 2 == 0
 ConditionNode(left='step_index', cmp='mod_eq', value=0, mod=2, inverse=False, flat_source_index=None)
@@ -19,6 +21,8 @@ from __future__ import annotations
 
 import dataclasses
 from typing import Any, Callable, Optional
+
+import numpy as np
 
 from rlds_tf.patterns import nodes
 
@@ -82,8 +86,8 @@ class _ConditionBuilder:
     """Turns comparison operators into `ConditionNode`s (`builder % m == k`, `builder >= k`, ...)."""
 
     def __init__(self, left: str, flat_source_index: Optional[int] = None, mod: Optional[int] = None,
-                 path: tuple = (), spec: Any = None):
-        self._left, self._index, self._mod, self._path, self._spec = left, flat_source_index, mod, path, spec
+                 path: tuple = ()):
+        self._left, self._index, self._mod, self._path = left, flat_source_index, mod, path
 
     def __repr__(self) -> str:
         return f"Condition.{self._left}()"
@@ -91,8 +95,6 @@ class _ConditionBuilder:
     def _make(self, cmp: str, value: int, inverse: bool = False) -> ConditionNode:
         if isinstance(value, bool) or not isinstance(value, int):
             raise TypeError(f"conditions compare with an int, got {value!r} ({type(value).__name__})")
-        if self._spec is not None:
-            check_data_column(self._spec, self._path)
         condition = ConditionNode(self._left, cmp, value, self._mod, inverse, self._index)
         validate_condition(condition, nodes.path_str(self._path) if self._path else "")
         return condition
@@ -100,7 +102,7 @@ class _ConditionBuilder:
     def __mod__(self, mod: int) -> "_ConditionBuilder":
         if self._mod is not None:
             raise ValueError("a condition takes one modulus: write `x % m == k`")
-        return _ConditionBuilder(self._left, self._index, mod, self._path, self._spec)
+        return _ConditionBuilder(self._left, self._index, mod, self._path)
 
     def __eq__(self, value: int) -> ConditionNode:  # type: ignore[override]
         return self._make("mod_eq" if self._mod is not None else "eq", value)
@@ -158,25 +160,29 @@ class Condition:
     def data(step_structure: Any) -> Any:
         """A nest like `step_structure` whose leaves compare the column's value in the most recent step.
 
-        Columns must hold scalar integers or bools; when `step_structure` holds `tf.TensorSpec`s this is
-        checked here, otherwise when the config meets a step spec (pattern_map, infer_signature, writers).
+        `step_structure` only locates the columns (its leaves are not read), as in Reverb. A condition is
+        met only on a column holding one integer or bool value per step; on any other column (e.g.
+        float32) it is false at every step, whatever the comparison (`!=` included), as Reverb's writer
+        and `PatternDataset` treat it (they log an error per step; this logs once per evaluator).
         """
         def leaf(i: int, path: tuple, spec: Any) -> _ConditionBuilder:
-            is_spec = hasattr(spec, "shape") and hasattr(spec, "dtype")
-            return _ConditionBuilder("flat_source_index", i, path=path, spec=spec if is_spec else None)
+            del spec  # only the position in the structure matters
+            return _ConditionBuilder("flat_source_index", i, path=path)
 
         return nodes.build_reference(step_structure, leaf)
 
 
-def check_data_column(spec: Any, path: tuple) -> None:
-    """Raises ValueError unless a column can feed a data condition: one integer or bool value per step."""
-    import tensorflow as tf  # local: keeps this module importable without building TF graphs
-
-    dtype = tf.as_dtype(spec.dtype)
-    shape = tf.TensorShape(spec.shape)
-    if shape.num_elements() != 1:
-        raise ValueError(f"data condition on {nodes.path_str(path)!r} needs a scalar column, but its shape is "
-                         f"{shape}; condition on a scalar field (e.g. is_first, a step counter)")
-    if not (dtype.is_integer or dtype == tf.bool):
-        raise ValueError(f"data condition on {nodes.path_str(path)!r} needs an integer or bool column, but its "
-                         f"dtype is {dtype.name}")
+def data_column_problem(index: int, dtype: Any, num_elements: Optional[int]) -> Optional[str]:
+    """Why column `index` (of numpy or TF `dtype`, `num_elements` values per step) cannot satisfy a data
+    condition, or None when it can: it must hold one integer or bool value per step. The text starts with
+    Reverb's log message for the same case."""
+    kind = np.dtype(getattr(dtype, "as_numpy_dtype", dtype)).kind
+    if kind not in "biu":
+        name = getattr(dtype, "name", None) or np.dtype(dtype).name
+        return (f"Config specified data condition on column {index} has invalid data type {name}: the "
+                f"condition is false at every step; condition on an integer or bool column")
+    if num_elements != 1:
+        return (f"Config specified data condition on column {index} which does not contain scalar tensors "
+                f"({num_elements} elements per step): the condition is false at every step; condition on a "
+                f"scalar field (e.g. is_first, a step counter)")
+    return None

@@ -241,12 +241,14 @@ def with_buffer_length_conditions(configs: Sequence[StructuredWriterConfig], *,
 def validate_configs(configs: Sequence[Any], step_spec: Any) -> list[StructuredWriterConfig]:
     """Checks configs against a step spec and returns them as `StructuredWriterConfig`s.
 
+    A data condition on a column that is not one integer/bool value per step is accepted, as in Reverb:
+    it is false at every step (see `conditions.Condition.data`).
+
     Raises:
-      ValueError: no configs; an invalid node or condition; a column index outside the step; a data
-        condition on a column that is not one integer/bool value.
+      ValueError: no configs; an invalid node or condition; a column index outside the step.
     """
     if not configs:
-        raise ValueError("at least one config must be provided")
+        raise ValueError("At least one config must be provided.")
     configs = [as_config(c) for c in configs]
     flat_spec = tree.flatten_with_path(step_spec)
     for k, config in enumerate(configs):
@@ -262,8 +264,6 @@ def validate_configs(configs: Sequence[Any], step_spec: Any) -> list[StructuredW
                 if c.flat_source_index >= len(flat_spec):
                     raise ValueError(f"data condition in config {k} reads column {c.flat_source_index}, but the "
                                      f"step has only {len(flat_spec)} columns")
-                path, spec = flat_spec[c.flat_source_index]
-                conditions_lib.check_data_column(spec, path)
     return configs
 
 
@@ -278,28 +278,28 @@ def infer_signature(configs: Sequence[Any], step_spec: Any) -> Any:
       ValueError: no configs, or configs that cannot feed one table (structure, table, dtype or shape).
     """
     if not configs:
-        raise ValueError("at least one config must be provided")
+        raise ValueError("At least one config must be provided.")
     configs = [as_config(c) for c in configs]
     structure0 = configs[0].pattern_structure
     for k, config in enumerate(configs[1:], 1):
         if config.pattern_structure != structure0 or (
                 tree.flatten_with_path(config.pattern_structure) != tree.flatten_with_path(structure0)):
-            raise ValueError(f"all configs must have exactly the same pattern_structure: config 0 has "
-                             f"{structure0!r} but config {k} has {config.pattern_structure!r}")
+            raise ValueError(f"All configs must have exactly the same pattern_structure. Config 0 has "
+                             f"{structure0!r} but config {k} has {config.pattern_structure!r}.")
     tables = sorted({c.table for c in configs})
     if len(tables) > 1:
-        raise ValueError(f"all configs must target the same table but provided configs included "
-                         f"{', '.join(tables)}")
+        raise ValueError(f"All configs must target the same table but provided configs included "
+                         f"{', '.join(tables)}. Give each table its own infer_signature call.")
     validate_configs(configs, step_spec)
     flat_spec = tree.flatten(step_spec)
 
     def leaf_spec(path, *leaf_nodes):
-        where = nodes.path_str(path)
         specs = [flat_spec[node.flat_source_index] for node in leaf_nodes]
         dtypes = [tf.as_dtype(s.dtype) for s in specs]
         if any(d != dtypes[0] for d in dtypes):
-            raise ValueError(f"configs produce trajectories with multiple dtypes at {where}: "
-                             f"{[d.name for d in dtypes]}")
+            raise ValueError(f"Configs produce trajectories with multiple dtypes at {path}. Got {dtypes}. "
+                             f"Every config must read columns of one dtype for the pattern leaf "
+                             f"{nodes.path_str(path)}.")
         shapes = []
         for node, spec in zip(leaf_nodes, specs):
             shape = tf.TensorShape(spec.shape)
@@ -308,7 +308,9 @@ def infer_signature(configs: Sequence[Any], step_spec: Any) -> Any:
             shapes.append(shape)
         if any(s.rank != shapes[0].rank for s in shapes) or (
                 shapes[0].rank and any(s[1:] != shapes[0][1:] for s in shapes)):
-            raise ValueError(f"configs produce trajectories with incompatible shapes at {where}: {shapes}")
+            raise ValueError(f"Configs produce trajectories with incompatible shapes at {path}. Got {shapes}. "
+                             f"The pattern leaf {nodes.path_str(path)} may differ between configs only in the "
+                             f"length of a slice.")
         if all(s == shapes[0] for s in shapes):
             merged = shapes[0]
         else:

@@ -33,16 +33,20 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import logging
 from typing import Any, Optional, Sequence
 
 import numpy as np
 import tree
 
+from rlds_tf.patterns import conditions as conditions_lib
 from rlds_tf.patterns import configs as configs_lib
 from rlds_tf.patterns import nodes
 from rlds_tf.patterns import priorities
 from rlds_tf.patterns.configs import create_config  # noqa: F401  (doctest)
 from rlds_tf.patterns.nodes import create_reference_step  # noqa: F401  (doctest)
+
+_log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,7 +89,7 @@ class PatternEvaluator:
             configs = configs_lib.validate_configs(configs, step_spec)
         else:
             if not configs:
-                raise ValueError("at least one config must be provided")
+                raise ValueError("At least one config must be provided.")
             configs = [configs_lib.as_config(c) for c in configs]
             for k, config in enumerate(configs):
                 for node in config.flat:
@@ -105,6 +109,7 @@ class PatternEvaluator:
         self._next_step = 0  # absolute number of the next step
         self._step_open = False
         self._num_columns: Optional[int] = None
+        self._logged_columns: set = set()  # data-condition columns whose problem has been logged
 
     @property
     def configs(self) -> list:
@@ -172,9 +177,17 @@ class PatternEvaluator:
             return int(is_end_episode)
         column = self._columns.get(condition.flat_source_index)
         value = column[-1][1] if column else None
-        if value is None or np.size(value) != 1:
+        if value is None:
             return None
-        value = np.asarray(value).reshape(())
+        value = np.asarray(value)
+        if value.size != 1 or value.dtype.kind not in "biu":
+            # Reverb: the condition is not met (its writer logs an error at every such step).
+            if condition.flat_source_index not in self._logged_columns:
+                self._logged_columns.add(condition.flat_source_index)
+                _log.error(conditions_lib.data_column_problem(condition.flat_source_index, value.dtype,
+                                                              value.size))
+            return None
+        value = value.reshape(())
         return int(value) if value.dtype == bool else int(np.int32(value.astype(np.int64)))
 
     def _select(self, config_index: int) -> Optional[Item]:

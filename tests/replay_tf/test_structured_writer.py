@@ -74,9 +74,9 @@ def test_bad_input():
     ref = reverb.structured_writer.create_reference_step({"x": None, "y": None})
     writer = client.structured_writer([reverb.structured_writer.create_config(ref["x"][-2:], table="t")])
     writer.append({"x": np.float32(1), "y": np.int32(0)})
-    with pytest.raises(ValueError, match=r"Got float64 but expected float32"):
+    with pytest.raises(ValueError, match=r"column 0 \(path=\('x',\)\)\. Got double but expected float\."):
         writer.append({"x": np.float64(1), "y": np.int32(0)})
-    with pytest.raises(ValueError, match=r"does not match the first append"):
+    with pytest.raises(ValueError, match=r"Flattened data has an unexpected length, got 1 but wanted 2\."):
         writer.append({"x": np.float32(1)})
     server.stop()
 

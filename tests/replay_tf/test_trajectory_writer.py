@@ -211,9 +211,9 @@ def client():
 
 @pytest.mark.parametrize("action, error", [
     (lambda w: w.append({"a": np.zeros([2], np.float64)}),
-     r"wrong dtype provided for column \['a'\]. Got float64 but expected float32"),
+     r"wrong dtype provided for column \('a',\). Got double but expected float\."),
     (lambda w: w.append({"a": np.zeros([3], np.float32)}),
-     r"incompatible shape provided for column \['a'\]. Got \[3\] which is incompatible with \[2\]"),
+     r"incompatible shape provided for column \('a',\). Got \[3\] which is incompatible with \[2\]"),
     (lambda w: w.create_item("nope", 1.0, w.history["a"][-1:]),
      r"table 'nope' since the table could not be found. Available tables: \['t'\]"),
     (lambda w: w.history["a"][-3:], r"TrajectoryColumns cannot contain any None data references"),

@@ -56,6 +56,14 @@ def _checked_shard_path(data_directory: str, info: dict, split: dict, template: 
 
 def _plan(data_directory: str) -> Plan:
     """Works out what `recover` would change, reading only checked files inside `data_directory`."""
+    try:
+        return _plan_unchecked(data_directory)
+    except (TypeError, AttributeError, KeyError) as e:  # e.g. a split that is not an object
+        raise ValueError(f"dataset_info.json of {data_directory!r} is malformed ({type(e).__name__}: {e}); "
+                         f"crash recovery needs the splits as TFDS writes them") from e
+
+
+def _plan_unchecked(data_directory: str) -> Plan:
     info = files.read_info_json(data_directory)
     actions: list[tuple] = []
     unreadable: list[str] = []

@@ -239,3 +239,27 @@ def test_appending_writer_refuses_a_hostile_template_and_releases_the_lock(clean
         TFDSBackendWriter(directory, config, overwrite=False)
     assert _snapshot(str(tmp_path)) == before
     assert not _tfrecord_files.writer_is_active(directory)
+
+
+def _set_splits(directory, splits):
+    path = os.path.join(directory, "dataset_info.json")
+    with open(path) as f:
+        info = json.load(f)
+    info["splits"] = splits
+    with open(path, "w") as f:
+        json.dump(info, f)
+
+
+@pytest.mark.parametrize("splits, message", [
+    ([{"name": "train", "filepathTemplate": ["x"], "shardLengths": ["2", "1"]}], "is malformed"),
+    (["train"], "is malformed"),
+    ([{"name": "train", "shardLengths": ["2", "x"]}], "invalid literal"),
+])
+def test_a_malformed_dataset_info_is_a_value_error(clean, tmp_path, splits, message):
+    directory = _copy(clean, tmp_path)
+    _cut_last_shard(directory)
+    _set_splits(directory, splits)
+    before = _snapshot(str(tmp_path))
+    with pytest.raises(ValueError, match=message):
+        crash_recovery.recover(directory)
+    assert _snapshot(str(tmp_path)) == before

@@ -127,8 +127,11 @@ class StructuredWriter(FlushOnExitCloseOnDelete):
                 continue
             refs = self._refs[column]
             if step in refs:
-                raise ValueError(f"Field {self._paths[column]} has already been set in the active step by a "
-                                 f"previous (partial) append call")
+                # RuntimeError and the text as dm-reverb's C++ writer reports it.
+                raise RuntimeError(f"A value for column {column} was provided by multiple Append/AppendPartial "
+                                   f"calls in the same step. Field {self._paths[column]} has already been set in "
+                                   f"the active step by a previous (partial) append call: omit it or set it to "
+                                   f"None.")
             chunker = self._chunkers.get(column)
             if chunker is None:
                 chunker = _ColumnChunker(self._paths[column], value, history + 1, None, self._open_chunks,

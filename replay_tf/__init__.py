@@ -7,6 +7,7 @@ code written for `tf_agents.replay_buffers`.
 
 # --- in-graph buffers (replay_tf/buffers) ---
 from replay_tf.buffers import BufferInfo
+from replay_tf.buffers import Episodes
 from replay_tf.buffers import EpisodicReplayBuffer
 from replay_tf.buffers import FrameBuffer
 from replay_tf.buffers import PrioritizedBufferInfo
@@ -57,6 +58,7 @@ from replay_tf.reverb_alias import register_as_reverb
 __all__ = [
     # --- in-graph buffers ---
     "BufferInfo",
+    "Episodes",
     "EpisodicReplayBuffer",
     "FrameBuffer",
     "PrioritizedBufferInfo",

@@ -1,5 +1,6 @@
 """In-graph replay buffers on `tf.Variable` storage (TF-Agents' API, plus a prioritized variant), and TF-Agents'
 Python buffers on numpy arrays (`PyUniformReplayBuffer`, `PyHashedReplayBuffer`)."""
+from replay_tf.buffers.episodic import Episodes
 from replay_tf.buffers.episodic import EpisodicReplayBuffer
 from replay_tf.buffers.episodic import StatefulEpisodicReplayBuffer
 from replay_tf.buffers.prioritized import PrioritizedBufferInfo
@@ -16,6 +17,7 @@ from replay_tf.buffers.uniform import end_of_episode_from_step_type
 
 __all__ = [
     "BufferInfo",
+    "Episodes",
     "EpisodicReplayBuffer",
     "FrameBuffer",
     "PrioritizedBufferInfo",

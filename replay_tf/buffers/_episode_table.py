@@ -19,6 +19,13 @@ import tensorflow as tf
 from replay_tf import specs
 
 
+def valid_range_ids(last_id, capacity: int):
+    """`[min_id, max_id)`: the ids of the episodes held (the newest `capacity` up to `last_id`)."""
+    full = last_id >= capacity
+    return (tf.where(full, last_id + 1 - capacity, tf.constant(0, tf.int64)),
+            tf.where(full, last_id + 1, tf.maximum(last_id + 1, 0)))
+
+
 class EpisodeTable(tf.Module):
     """Per-leaf `[capacity, width, ...]` variables, written at (location, step) pairs."""
 
@@ -73,3 +80,28 @@ class EpisodeTable(tf.Module):
         """Drops all storage (width back to 0)."""
         return tf.group([slot.assign(tf.zeros([self._capacity, 0, *shape], dtype), read_value=False)
                          for slot, (shape, dtype) in zip(self.slots, self._leaf_specs)])
+
+    # ----- TensorList exchange (TF-Agents' `Episodes.tensor_lists`) -----
+    def to_tensor_lists(self, locations, lengths) -> list[tf.Tensor]:
+        """Per leaf, a variant vector: for each location, a TensorList of its first `length` steps."""
+        def one(args):
+            location, length = args
+            return [tf.raw_ops.TensorListFromTensor(tensor=tf.gather(slot, location)[:length],
+                                                    element_shape=tf.constant(shape, tf.int64))
+                    for slot, (shape, _) in zip(self.slots, self._leaf_specs)]
+        return tf.map_fn(one, (locations, lengths),
+                         fn_output_signature=[tf.TensorSpec([], tf.variant)] * len(self.slots))
+
+    def append_tensor_lists(self, locations, starts, lists: Sequence[tf.Tensor]):
+        """Writes the steps of TensorList `lists[leaf][k]` at `locations[k]` from step `starts[k]` on."""
+        def body(k):
+            values = [tf.raw_ops.TensorListStack(input_handle=tf.gather(leaf_lists, k),
+                                                 element_shape=tf.constant(shape, tf.int32), element_dtype=dtype)
+                      for leaf_lists, (shape, dtype) in zip(lists, self._leaf_specs)]
+            count = tf.shape(values[0], out_type=tf.int64)[0]
+            location = tf.gather(locations, k)
+            write = self.write(tf.fill([count], location), tf.gather(starts, k) + tf.range(count), values)
+            with tf.control_dependencies([write]):
+                return (k + 1,)
+        return tf.while_loop(lambda k: k < tf.size(locations, out_type=tf.int64), body,
+                             (tf.constant(0, tf.int64),))[0]

@@ -16,15 +16,11 @@ but concurrent adds from several threads are not serialised.
 Differences from TF-Agents 0.19 (deliberate):
 - Sampled items carry their real episode id (`BufferInfo.ids`, and the id in `as_dataset` elements);
   TF-Agents reads them from a table it never writes, so its ids are always 0.
-- `gather_all()` of a buffer with no steps is shaped `[1, 0, ...]`, as a non-empty one (TF-Agents gives
-  `[0, ...]`).
 - The batched deterministic pass interleaves its `sample_batch_size` shards one window each in turn
   (TF-Agents leaves the interleave's cycle length to tf.data, which makes the order depend on the number
   of CPU cores when there are more shards than cores).
 - `StatefulEpisodicReplayBuffer` of something that is not an `EpisodicReplayBuffer` raises TypeError, as
   TF-Agents documents (it reads `data_spec` first and raises AttributeError).
-- `extract` / `extend_episodes` and the `Episodes` tuple are not implemented (they exchange TF-Agents'
-  TensorList storage).
 
 >>> import tensorflow as tf
 >>> rb = EpisodicReplayBuffer({"x": tf.TensorSpec([], tf.int32)}, capacity=3,
@@ -48,13 +44,22 @@ from typing import Any, Callable, Optional
 import tensorflow as tf
 
 from replay_tf import specs
+from replay_tf.buffers import _episodic_datasets
 from replay_tf.buffers._episode_table import EpisodeTable
+from replay_tf.buffers._episode_table import valid_range_ids
 from replay_tf.buffers.replay_buffer import _has_lists
 
 # The id of episode id holders that point to no episode.
 _INVALID_EPISODE_ID = -1
 # TF-Agents' StepType values that its Trajectory.is_first / is_last compare with.
 _FIRST, _LAST = 0, 2
+
+Episodes = collections.namedtuple("Episodes", ["length", "completed", "tensor_lists"])
+Episodes.__doc__ = """Whole episodes moved between buffers (`extract`, `extend_episodes`), as TF-Agents':
+
+length: int64 `[n]` steps per episode. completed: uint8 `[n]`. tensor_lists: a nest like the data spec
+whose leaves are variant `[n]` vectors of TensorLists, one list of steps per episode.
+"""
 
 BufferInfo = collections.namedtuple("BufferInfo", ["ids"])
 BufferInfo.__doc__ = """Sample metadata of `EpisodicReplayBuffer.get_next`, as TF-Agents': the episode id."""
@@ -81,13 +86,6 @@ def _default_end_episode_fn(items):
         return tf.equal(items.next_step_type, _LAST)
     raise TypeError(f"Argument t is not a Trajectory; did you forget to pass the proper end_episode_fn to "
                     f"EpisodicReplayBuffer?  Saw: '{items}'")
-
-
-def _valid_range_ids(last_id, capacity: int):
-    """`[min_id, max_id)`: the ids of the episodes held (the newest `capacity` up to `last_id`)."""
-    full = last_id >= capacity
-    return (tf.where(full, last_id + 1 - capacity, tf.constant(0, tf.int64)),
-            tf.where(full, last_id + 1, tf.maximum(last_id + 1, 0)))
 
 
 def _scatter(variable: tf.Variable, indices, values):
@@ -215,18 +213,33 @@ class EpisodicReplayBuffer(tf.Module):
         with tf.control_dependencies(resets):
             return tf.identity(updated)
 
-    def _mark_completed(self, ids, end_episode):
-        """Marks the valid episodes of `ids` where `end_episode` holds as completed."""
+    def _maybe_end_batch_episodes(self, batch_episode_ids, end_episode=False):
+        """Marks the valid episodes of `batch_episode_ids` where `end_episode` holds as completed; returns
+        whether each is completed."""
+        ids = tf.convert_to_tensor(batch_episode_ids, tf.int64)
         locations = self._location(ids)
         valid = tf.equal(ids, tf.gather(self._episodes_loc_to_id_map, locations))
         mask = tf.convert_to_tensor(end_episode) & (ids >= 0) & valid
         chosen = tf.boolean_mask(locations, tf.broadcast_to(mask, tf.shape(ids)))
         mark = _scatter(self._episode_completed, chosen, tf.ones_like(chosen, tf.uint8))
         with tf.control_dependencies([mark]):
-            return tf.identity(ids)
+            return tf.gather(self._episode_completed, locations) > 0
+
+    def _maybe_end_episode(self, episode_id, end_episode=False):
+        """`_maybe_end_batch_episodes` for one id (scalars).
+
+        Raises:
+          ValueError: `end_episode` is not a scalar (TF-Agents' text).
+        """
+        episode_id = tf.convert_to_tensor(episode_id, tf.int64)
+        pred = tf.convert_to_tensor(end_episode) & (episode_id >= 0)
+        if pred.shape.rank != 0:
+            raise ValueError(f"Invalid condition shape: {pred.shape} (should be scalar).")
+        return self._maybe_end_batch_episodes(episode_id[None], pred[None])[0]
 
     def _get_batch_episode_ids(self, batch_episode_ids, begin_episode=False, end_episode=False, mask=None):
         """New ids where the id is -1 or `begin_episode` holds (within `mask`); completes `end_episode` ones."""
+        batch_episode_ids = tf.convert_to_tensor(batch_episode_ids, tf.int64)
         if batch_episode_ids.shape.rank != 1:
             raise ValueError("batch_episode_ids must be a vector with 1 dimension")
         update = (batch_episode_ids < 0) | tf.convert_to_tensor(begin_episode)
@@ -234,20 +247,44 @@ class EpisodicReplayBuffer(tf.Module):
             update &= mask
         update = tf.broadcast_to(update, tf.shape(batch_episode_ids))
         ids = self._reserve_ids(batch_episode_ids, update)
-        return self._mark_completed(ids, end_episode)
+        with tf.control_dependencies([self._maybe_end_batch_episodes(ids, end_episode)]):
+            return tf.identity(ids)
 
     def _get_episode_id(self, episode_id, begin_episode=False, end_episode=False):
         """A new id if `episode_id` is -1 or `begin_episode`; completes the episode if `end_episode`."""
+        episode_id = tf.convert_to_tensor(episode_id, tf.int64)
         begin_episode = tf.convert_to_tensor(begin_episode, name="begin_episode")
         end_episode = tf.convert_to_tensor(end_episode, name="end_episode")
         pred = begin_episode | (episode_id < 0)
         if pred.shape.rank != 0:
             raise ValueError(f"Invalid condition predicate shape: {pred.shape} (should be scalar).")
-        if (end_episode & (episode_id >= 0)).shape.rank != 0:
-            raise ValueError(f"Invalid condition shape: {end_episode.shape} (should be scalar).")
         updated = tf.cond(pred, lambda: self._reserve_ids(episode_id[None], tf.constant([True]))[0],
                           lambda: tf.identity(episode_id))
-        return self._mark_completed(updated[None], end_episode[None])[0]
+        with tf.control_dependencies([self._maybe_end_episode(updated, end_episode)]):
+            return tf.identity(updated)
+
+    def _get_last_episode_id(self) -> tf.Tensor:
+        return self._last_episode.read_value()
+
+    def _completed_episodes(self) -> tf.Tensor:
+        """The ids of the completed episodes held, by location."""
+        return tf.boolean_mask(self._episodes_loc_to_id_map, tf.equal(self._episode_completed, 1))
+
+    def _get_episode(self, episode_id):
+        """The steps of episode `episode_id`.
+
+        Raises:
+          InvalidArgumentError (when run): the id is not held.
+        """
+        with tf.device(self._config.device), tf.name_scope("get_episode"):
+            episode_id = tf.convert_to_tensor(episode_id, tf.int64, name="episode_id")
+            location = self._location(episode_id)
+            held = tf.gather(self._episodes_loc_to_id_map, location)
+            check = tf.debugging.Assert(tf.equal(held, episode_id), [
+                "Episode id", episode_id, "is not valid.  It points to location", location,
+                "but the episode at that location is currently id", held])
+            with tf.control_dependencies([check]):
+                return self._read_episode(tf.identity(location))
 
     def get_valid_ids_mask(self, episode_ids) -> tf.Tensor:
         """Whether each id names an episode still held."""
@@ -342,7 +379,7 @@ class EpisodicReplayBuffer(tf.Module):
                 logits = tf.math.log(tf.cast(self._episode_lengths[:held], tf.float32))
                 draws = tf.random.categorical(logits[None], tf.reduce_prod(shape), dtype=tf.int64, seed=seed)
                 return tf.reshape(draws, shape)
-            low, high = _valid_range_ids(last_id, self.capacity)
+            low, high = valid_range_ids(last_id, self.capacity)
             return tf.random.uniform(shape, minval=low, maxval=high, dtype=tf.int64, seed=seed)
 
     def get_next(self, sample_batch_size=None, num_steps=None, time_stacked=True):
@@ -386,97 +423,83 @@ class EpisodicReplayBuffer(tf.Module):
         if sequence_preprocess_fn is not None:
             raise NotImplementedError("sequence_preprocess_fn is not supported.")
         if single_deterministic_pass:
-            return self._deterministic_dataset(sample_batch_size, num_steps, num_parallel_calls)
+            return _episodic_datasets.deterministic_dataset(self, sample_batch_size, num_steps, num_parallel_calls)
         if sample_batch_size and num_steps is None:
             raise ValueError("`num_steps` must be set if `sample_batch_size` is set in EpisodicReplayBuffer "
                              "as_dataset.")
-        return self._sampled_dataset(sample_batch_size, num_steps, num_parallel_calls)
-
-    def _sampled_dataset(self, sample_batch_size, num_steps, num_parallel_calls):
-        config = self._config
-        draws = config.buffer_size * (sample_batch_size or 1)
-        # A seed for the window starts derived from `seed` (TF-Agents salts it the same way in spirit).
-        window_seed = None if config.seed is None else (config.seed * 7919 + 17) % (2**31 - 1)
-
-        def locations(_):
-            with tf.device(config.device):
-                ids = self._sample_episode_ids([draws], weigh_by_episode_length=num_steps is not None,
-                                               seed=config.seed)
-                where = self._location(ids)
-                if config.completed_only:
-                    where = tf.boolean_mask(where, tf.gather(self._episode_completed, where) > 0)
-                return where
-
-        ds = tf.data.Dataset.counter().map(locations).unbatch()
-        if num_steps is None:
-            def read(location):
-                with tf.device(config.device):
-                    return self._read_episode(location), self._held_id(location)
-            return ds.map(read, num_parallel_calls=num_parallel_calls)
-
-        ds = ds.map(lambda location: (location, tf.gather(self._episode_lengths, location)))
-        ds = ds.filter(lambda location, length: length >= num_steps)
-
-        def window(location, length):
-            with tf.device(config.device):
-                start = tf.random.uniform([], 0, length - num_steps + 1, dtype=tf.int64, seed=window_seed)
-                steps = start + tf.range(num_steps, dtype=tf.int64)
-                flat = self._data_table.read_steps(tf.fill([num_steps], location), steps)
-                return specs.pack_sequence_as(self.data_spec, flat), self._held_id(location)
-
-        ds = ds.map(window, num_parallel_calls=num_parallel_calls)
-        if sample_batch_size:
-            # The dataset never ends: dropping the remainder loses nothing and keeps the batch static.
-            ds = ds.batch(sample_batch_size, drop_remainder=True)
-        return ds
-
-    def _deterministic_dataset(self, sample_batch_size, num_steps, num_parallel_calls):
-        if sample_batch_size is not None and num_steps is None:
-            raise ValueError("When requesting a batched dataset from EpisodicReplayBuffer, num_steps must be "
-                             "provided (but saw num_steps=None).")
-        config = self._config
-
-        def episode_ids(_):
-            # Evaluated when iteration starts, so a dataset made before the adds sees them.
-            low, high = _valid_range_ids(self._last_episode.read_value(), self.capacity)
-            return tf.data.Dataset.range(low, high)
-
-        def read(episode_id):
-            with tf.device(config.device):
-                return self._read_episode(self._location(episode_id))
-
-        episodes = tf.data.Dataset.range(1).flat_map(episode_ids)
-
-        def windows(ds, drop_remainder):
-            return ds.unbatch().window(num_steps, shift=config.window_shift).flat_map(
-                lambda window: tf.data.Dataset.zip(tf.nest.map_structure(
-                    lambda d: d.batch(num_steps, drop_remainder=drop_remainder), window)))
-
-        if sample_batch_size is None:
-            ds = episodes.map(read, num_parallel_calls=num_parallel_calls)
-            return ds if num_steps is None else windows(ds, config.drop_remainder)
-        # Shard i holds episodes i, i + sample_batch_size, ...; each becomes whole windows; one window of
-        # each shard in turn, then batches of sample_batch_size.
-        shards = tf.data.Dataset.range(sample_batch_size).interleave(
-            lambda i: windows(episodes.shard(sample_batch_size, i).map(read), True),
-            cycle_length=sample_batch_size, block_length=1)
-        return shards.batch(sample_batch_size, drop_remainder=config.drop_remainder)
+        return _episodic_datasets.sampled_dataset(self, sample_batch_size, num_steps, num_parallel_calls)
 
     def gather_all(self) -> Any:
         """Every step of every episode held (completed ones with `completed_only`), oldest episode first,
-        concatenated as `[1, sum of lengths, ...]`."""
+        concatenated as `[1, sum of lengths, ...]`; with no steps, `[0, ...]` (TF-Agents' shapes)."""
         with tf.device(self._config.device), tf.name_scope("gather_all"):
-            low, high = _valid_range_ids(self._last_episode.read_value(), self.capacity)
-            locations = self._location(tf.range(low, high))
-            lengths = tf.gather(self._episode_lengths, locations)
+            total = tf.reduce_sum(self._episode_lengths)
             if self._config.completed_only:
-                lengths *= tf.cast(tf.gather(self._episode_completed, locations), tf.int64)
-            # Element k of the result is step (k - start of its episode) of the episode it falls in.
-            rows = tf.repeat(locations, lengths)
-            starts = tf.repeat(tf.cumsum(lengths, exclusive=True), lengths)
-            steps = tf.range(tf.reduce_sum(lengths)) - starts
-            flat = self._data_table.read_steps(rows, steps)
-            return specs.pack_sequence_as(self.data_spec, [leaf[None] for leaf in flat])
+                total = tf.reduce_sum(self._episode_lengths * tf.cast(self._episode_completed, tf.int64))
+            empty = lambda: specs.pack_sequence_as(self.data_spec, [  # noqa: E731
+                tf.zeros([0, *spec.shape], spec.dtype) for spec in specs.flatten(self.data_spec)])
+            return tf.cond(total > 0, self._gather_steps, empty)
+
+    def _gather_steps(self):
+        low, high = valid_range_ids(self._last_episode.read_value(), self.capacity)
+        locations = self._location(tf.range(low, high))
+        lengths = tf.gather(self._episode_lengths, locations)
+        if self._config.completed_only:
+            lengths *= tf.cast(tf.gather(self._episode_completed, locations), tf.int64)
+        # Element k of the result is step (k - start of its episode) of the episode it falls in.
+        rows = tf.repeat(locations, lengths)
+        starts = tf.repeat(tf.cumsum(lengths, exclusive=True), lengths)
+        steps = tf.range(tf.reduce_sum(lengths)) - starts
+        flat = self._data_table.read_steps(rows, steps)
+        return specs.pack_sequence_as(self.data_spec, [leaf[None] for leaf in flat])
+
+    def extract(self, locations, clear_data: bool = False) -> Episodes:
+        """The episodes at `locations` (locations, not ids: `0 <= location < capacity`) as `Episodes`;
+        `clear_data` empties them (length 0, not completed)."""
+        locations = tf.cast(locations, tf.int64, name="locations")
+        locations.shape.assert_has_rank(1)
+        with tf.device(self._config.device), tf.name_scope("extract"):
+            lengths = tf.gather(self._episode_lengths, locations)
+            lists = self._data_table.to_tensor_lists(locations, lengths)
+            episodes = Episodes(length=lengths, completed=tf.gather(self._episode_completed, locations),
+                                tensor_lists=specs.pack_sequence_as(self.data_spec, lists))
+            if not clear_data:
+                return episodes
+            with tf.control_dependencies(tf.nest.flatten(episodes)):
+                clears = [_scatter(self._episode_lengths, locations, tf.zeros_like(locations)),
+                          _scatter(self._episode_completed, locations, tf.zeros_like(locations, tf.uint8))]
+            with tf.control_dependencies(clears):
+                return tf.nest.map_structure(tf.identity, episodes)
+
+    def extend_episodes(self, episode_ids, episode_ids_indices, episodes: Episodes) -> tf.Tensor:
+        """Appends `episodes` (row k to the episode `episode_ids[episode_ids_indices[k]]`) and returns the
+        updated `episode_ids` (`begin_episode_fn(episodes)` starts new ones; ids no longer held are
+        skipped). Lengths grow by `episodes.length`; completion is set to `episodes.completed`."""
+        episode_ids = tf.convert_to_tensor(episode_ids, tf.int64)
+        episode_ids.shape.assert_has_rank(1)
+        indices = tf.cast(tf.convert_to_tensor(episode_ids_indices, name="episode_ids_indices"), tf.int64)
+        indices.shape.assert_has_rank(1)
+        with tf.device(self._config.device), tf.name_scope("extend"):
+            # Spread the per-row begin flags over all of episode_ids; only the rows given may change.
+            ids_shape = tf.shape(episode_ids, out_type=tf.int64)
+            begin = tf.broadcast_to(self._begin_episode_fn(episodes), tf.shape(indices))
+            begin = tf.scatter_nd(indices[:, None], begin, ids_shape)
+            mask = tf.scatter_nd(indices[:, None], tf.fill(tf.shape(indices), True), ids_shape)
+            expanded_ids = self._get_batch_episode_ids(episode_ids, begin_episode=begin, mask=mask)
+            ids = tf.gather(expanded_ids, indices)
+            locations = self._location(ids)
+            chosen = tf.where(tf.equal(tf.gather(self._episodes_loc_to_id_map, locations), ids))[:, 0]
+            where = tf.gather(locations, chosen)
+            lengths = tf.gather(self._episode_lengths, where)
+            lists = [tf.gather(leaf, chosen) for leaf in specs.flatten(episodes.tensor_lists)]
+            write = self._data_table.append_tensor_lists(where, lengths, lists)
+            with tf.control_dependencies([write]):
+                added = tf.gather(tf.cast(episodes.length, tf.int64), chosen)
+                updates = [_scatter(self._episode_lengths, where, lengths + added),
+                           _scatter(self._episode_completed, where,
+                                    tf.gather(tf.cast(episodes.completed, tf.uint8), chosen))]
+            with tf.control_dependencies(updates):
+                return tf.identity(expanded_ids)
 
     def clear(self):
         """Empties every episode (ids stay valid: adds to them start again from step 0)."""
@@ -545,6 +568,13 @@ class StatefulEpisodicReplayBuffer(tf.Module):
         new_id = self._replay_buffer.add_sequence(items=items, episode_id=self._episode_ids_var.read_value())
         with tf.control_dependencies([self._episode_ids_var.assign(new_id, read_value=False)]):
             return tf.identity(new_id)
+
+    def extend_episodes(self, episode_ids_indices, episodes: Episodes) -> tf.Tensor:
+        """`EpisodicReplayBuffer.extend_episodes(self.episode_ids, ...)`, keeping the returned ids."""
+        new_ids = self._replay_buffer.extend_episodes(self._episode_ids_var.read_value(), episode_ids_indices,
+                                                      episodes)
+        with tf.control_dependencies([self._episode_ids_var.assign(new_ids, read_value=False)]):
+            return tf.identity(new_ids)
 
     def get_next(self, sample_batch_size=None, num_steps=None, time_stacked=True):
         return self._replay_buffer.get_next(sample_batch_size, num_steps, time_stacked)

@@ -154,6 +154,28 @@ emit("stateful_ids", stateful_ids)
 emit("stateful_var", listed(srb.episode_ids))
 emit("stateful_gather", listed(rb.gather_all()))
 
+# extract / extend_episodes: move two episodes into another buffer, through TensorLists.
+def stack(tensor_lists, dtype, shape):
+    return [listed(tf.raw_ops.TensorListStack(input_handle=l, element_shape=tf.constant(shape, tf.int32),
+                                              element_dtype=dtype)) for l in tf.unstack(tensor_lists)]
+source = m.EpisodicReplayBuffer(SPEC, capacity=3, begin_episode_fn=lambda _: True, end_episode_fn=lambda t: t["a"][-1] > 20)
+id_ = source.create_episode_ids()
+for values in ([1, 2], [11, 12, 13], [21]):
+    id_ = source.add_sequence(batch(values), id_)
+episodes = source.extract([2, 0], clear_data=True)
+emit("extracted", [listed(episodes.length), listed(episodes.completed), stack(episodes.tensor_lists["a"], tf.int64, []),
+                   stack(episodes.tensor_lists["b"], tf.float32, [2])])
+emit("after_extract", [listed(source.gather_all()), int(source.num_frames())])
+target = m.EpisodicReplayBuffer(SPEC, capacity=4, begin_episode_fn=lambda _: False, end_episode_fn=lambda _: False)
+ids = target.create_episode_ids(3)
+ids = target.add_batch(batch([5, 6, 7]), ids)
+ids = target.extend_episodes(ids, [2, 0], episodes)
+target._begin_episode_fn = lambda _: [True, False]
+ids = target.extend_episodes(ids, [1, 2], episodes)
+emit("extended_ids", listed(ids))
+emit("extended", [listed(target.gather_all()), listed(target._episode_completed), int(target.num_frames())])
+emit("completed_ids", listed(target._completed_episodes()))
+
 # Errors.
 rb = m.EpisodicReplayBuffer(SPEC, capacity=2, begin_episode_fn=lambda _: False, end_episode_fn=lambda _: False)
 emit("err_get_next_empty", error(lambda: rb.get_next()))
@@ -192,10 +214,7 @@ def local():
 @pytest.mark.peer
 def test_matches_tf_agents(peer, local):
     expected = peer.run(_PEER)
-    # Deliberate differences (module docstring): an empty buffer's gather_all is [1, 0, ...] here.
-    assert expected.pop("empty_gather") == {"a": [0], "b": [0, 2]}
-    assert local.pop("empty_gather") == {"a": [1, 0], "b": [1, 0, 2]}
-    # ... and a wrapped object that is not an EpisodicReplayBuffer is a TypeError (TF-Agents reads its
+    # Deliberate difference (module docstring): a wrapped object that is not an EpisodicReplayBuffer is a TypeError (TF-Agents reads its
     # data_spec first and fails with AttributeError).
     assert (expected.pop("stateful_type"), local.pop("stateful_type")) == ("AttributeError", "TypeError")
     assert local.keys() == expected.keys()
@@ -239,6 +258,15 @@ def test_local_values(local):
     assert local["pass_steps"] == [{"a": [1, 10, 100, 2, 20]}, {"a": [200, 3, 30, 300, -1]}, {"a": [-10, -100]}]
     assert local["pass_steps_drop"] == local["pass_steps"][:2]
     assert local["stateful_ids"] == [[0, 1], [0, 1], [2, 1], [2, 1]]
+    # Source episodes at locations 2 ([21], completed: it ends > 20) and 0 ([1, 2]).
+    assert local["extracted"] == [[1, 2], [1, 0], [[21], [1, 2]], [[[21.0, -21.0]], [[1.0, -1.0], [2.0, -2.0]]]]
+    assert local["after_extract"][1] == 3                   # only [11, 12, 13] left
+    # Target episodes 0, 1, 2 hold [5], [6], [7]; then id 2 gets [21] and id 0 gets [1, 2]; then row 1 ([21])
+    # starts id 3 (begin; location 3, so id 1 stays) and row 2 ([1, 2]) goes to id 2.
+    assert local["extended_ids"] == [0, 3, 2]
+    assert local["extended"][0]["a"] == [[5, 1, 2, 6, 7, 21, 1, 2, 21]]
+    assert local["extended"][2] == 9
+    assert local["empty_gather"] == {"a": [0], "b": [0, 2]}   # (TF-Agents' shape for no steps)
     assert local["frames"] == 24
 
 
@@ -332,8 +360,8 @@ from tf_agents.replay_buffers import episodic_replay_buffer as m
 emit("names", sorted(n for n, v in vars(m).items() if inspect.isclass(v) and v.__module__ == m.__name__))
 """)["names"]
     module = importlib.import_module("replay_tf.buffers.episodic")
-    # Episodes (the TensorList exchange of extract / extend_episodes) is not implemented (module docstring).
-    assert set(names) - {"Episodes"} == {"BufferInfo", "EpisodicReplayBuffer", "StatefulEpisodicReplayBuffer"}
+    assert names == ["BufferInfo", "Episodes", "EpisodicReplayBuffer", "StatefulEpisodicReplayBuffer"]
     for name in ("EpisodicReplayBuffer", "StatefulEpisodicReplayBuffer"):
         assert getattr(module, name) is getattr(replay_tf, name)
     assert module.BufferInfo._fields == ("ids",)
+    assert module.Episodes._fields == ("length", "completed", "tensor_lists")

@@ -365,3 +365,26 @@ emit("names", sorted(n for n, v in vars(m).items() if inspect.isclass(v) and v._
         assert getattr(module, name) is getattr(replay_tf, name)
     assert module.BufferInfo._fields == ("ids",)
     assert module.Episodes._fields == ("length", "completed", "tensor_lists")
+
+
+def test_tf1_graph_mode():
+    # Ops built once in a TF1 graph and run through a Session, as TF-Agents' TF1 users do.
+    with tf.Graph().as_default():
+        rb = replay_tf.EpisodicReplayBuffer({"a": tf.TensorSpec([], tf.int64)}, capacity=3,
+                                            begin_episode_fn=lambda _: False, end_episode_fn=lambda _: False)
+        ids_in = tf.compat.v1.placeholder(tf.int64, [2])
+        new_ids = rb.add_batch({"a": tf.constant([1, 2], tf.int64)}, ids_in)
+        sequence_id = rb.add_sequence({"a": tf.constant([7, 8, 9], tf.int64)}, tf.constant(-1, tf.int64))
+        gather, frames = rb.gather_all(), rb.num_frames()
+        iterator = tf.compat.v1.data.make_initializable_iterator(rb.as_dataset(num_steps=2, sample_batch_size=2))
+        windows = iterator.get_next()
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            ids = session.run(new_ids, {ids_in: [-1, -1]})
+            ids = session.run(new_ids, {ids_in: ids})
+            assert ids.tolist() == [0, 1] and int(session.run(sequence_id)) == 2
+            assert session.run(gather)["a"].tolist() == [[1, 1, 2, 2, 7, 8, 9]] and session.run(frames) == 7
+            session.run(iterator.initializer)
+            data, window_ids = session.run(windows)
+            for row, episode_id in zip(data["a"].tolist(), window_ids.tolist()):
+                assert row in ([1, 1], [2, 2], [7, 8], [8, 9]) and episode_id == {1: 0, 2: 1}.get(row[0], 2)

@@ -113,7 +113,10 @@ config = text_format.Parse('''
     tables { table_name: "c" max_size: 10 sampler { uniform: true } remover { lifo: true }
              rate_limiter { samples_per_insert: 1 min_size_to_sample: 1 min_diff: -1 max_diff: 1 } }
 ''', config_pb2.ReverbServerConfig())
-emit('config_fields', [f.name for f in config_pb2.ReverbServerConfig.DESCRIPTOR.fields])
+emit('config_fields', [[f.name, f.number, f.type, f.message_type and f.message_type.full_name]
+                       for f in config_pb2.ReverbServerConfig.DESCRIPTOR.fields])
+emit('table_config_fields', sorted([f.name, f.number, f.type, f.message_type and f.message_type.full_name]
+                                   for f in config_pb2.ReverbServerConfig.DESCRIPTOR.fields[0].message_type.fields))
 emit('round_trip', base64.b64encode(config.SerializeToString(deterministic=True)).decode())
 tables = from_proto.tables_from_proto(config.tables)
 for table in tables:

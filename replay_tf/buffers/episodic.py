@@ -316,7 +316,11 @@ class EpisodicReplayBuffer(tf.Module):
         episode_ids = tf.convert_to_tensor(episode_ids, tf.int64)
         episode_ids.shape.assert_has_rank(1)
         with tf.device(self._config.device), tf.name_scope("add_batch"):
-            flat, converted = self._flat_items(items, "items")
+            flat, _ = self._flat_items(items, "items")
+            num_items, num_ids = flat[0].shape[0], episode_ids.shape[0]
+            if num_items is not None and num_ids is not None and num_items != num_ids:
+                raise ValueError(f"items have an outer dimension of {num_items} but episode_ids holds {num_ids} "
+                                 f"ids: add_batch adds one step to each episode, so give one id per row")
             begin = self._begin_episode_fn(items)
             end = self._end_episode_fn(items)
             ids = self._get_batch_episode_ids(episode_ids, begin, end)
@@ -436,8 +440,10 @@ class EpisodicReplayBuffer(tf.Module):
             total = tf.reduce_sum(self._episode_lengths)
             if self._config.completed_only:
                 total = tf.reduce_sum(self._episode_lengths * tf.cast(self._episode_completed, tf.int64))
-            empty = lambda: specs.pack_sequence_as(self.data_spec, [  # noqa: E731
-                tf.zeros([0, *spec.shape], spec.dtype) for spec in specs.flatten(self.data_spec)])
+
+            def empty():
+                return specs.pack_sequence_as(self.data_spec, [tf.zeros([0, *spec.shape], spec.dtype)
+                                                               for spec in specs.flatten(self.data_spec)])
             return tf.cond(total > 0, self._gather_steps, empty)
 
     def _gather_steps(self):

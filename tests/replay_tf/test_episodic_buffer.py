@@ -388,3 +388,12 @@ def test_tf1_graph_mode():
             data, window_ids = session.run(windows)
             for row, episode_id in zip(data["a"].tolist(), window_ids.tolist()):
                 assert row in ([1, 1], [2, 2], [7, 8], [8, 9]) and episode_id == {1: 0, 2: 1}.get(row[0], 2)
+
+
+def test_add_batch_rows_must_match_ids():
+    rb = replay_tf.EpisodicReplayBuffer({"a": tf.TensorSpec([], tf.int64)}, capacity=3,
+                                        begin_episode_fn=lambda _: False, end_episode_fn=lambda _: False)
+    with pytest.raises(ValueError, match=r"outer dimension of 3 but episode_ids holds 2 ids"):
+        rb.add_batch({"a": tf.constant([1, 2, 3], tf.int64)}, rb.create_episode_ids(2))
+    with pytest.raises(TypeError, match=r"items\['a'\]: expected dtype int64, got float32"):
+        rb.add_batch({"a": tf.constant([1.0, 2.0])}, rb.create_episode_ids(2))

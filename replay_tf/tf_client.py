@@ -30,6 +30,16 @@ class _InvalidArgument(tf.errors.InvalidArgumentError, ValueError):
         super().__init__(None, None, message)
 
 
+class _TypeMismatch(tf.errors.InvalidArgumentError, tf.errors.InternalError, ValueError):
+    """A sampled column whose dtype is not the requested one. dm-reverb's op raises InvalidArgumentError when
+    run eagerly and InternalError in a graph (the executor's output type check); run eagerly, this is both,
+    so either `except` catches it. In a graph TensorFlow turns it (a ValueError) into an
+    InvalidArgumentError: a Python function cannot raise an InternalError there."""
+
+    def __init__(self, message: str):
+        tf.errors.OpError.__init__(self, None, None, message, tf.errors.INVALID_ARGUMENT)
+
+
 class _NotFound(tf.errors.NotFoundError, errors.TableNotFoundError):
     """An unknown table, raised by the ops' Python functions: a NotFoundError run eagerly (as dm-reverb's);
     in a graph TensorFlow turns it (a ValueError) into an InvalidArgumentError."""
@@ -55,7 +65,16 @@ def _as_op_errors(unknown_table=_NotFound):
 
 
 def _decode(table_name) -> str:
+    """A table name as a `tf.numpy_function` hands it over (bytes, or a 0-d array of bytes) as a str."""
+    if isinstance(table_name, np.ndarray):
+        table_name = table_name.item()
     return table_name.decode() if isinstance(table_name, bytes) else str(table_name)
+
+
+def _type_name(dtype) -> str:
+    """A numpy or TF dtype as TensorFlow's C++ names it in messages (`float`, `double`, `string`, ...)."""
+    dtype = tf.string if np.dtype(dtype) == np.dtype(object) else tf.as_dtype(dtype)
+    return {tf.float16: "half", tf.float32: "float", tf.float64: "double"}.get(dtype, dtype.name)
 
 
 class TFClient:
@@ -85,7 +104,11 @@ class TFClient:
 
         Raises (when run):
           InvalidArgumentError: an item whose columns are neither all squeezed nor of one length, or whose
-            columns do not match `data_dtypes`.
+            columns are not as many as `data_dtypes` (Reverb's "Number of tensors in the replay sample did
+            not match the expected count").
+          InvalidArgumentError and InternalError (eagerly; InvalidArgumentError in a graph, see
+            `_TypeMismatch`): a column whose dtype is not in `data_dtypes` (Reverb's "Type mismatch: actual
+            ... vs. expect ...").
           NotFoundError: no such table (InvalidArgumentError in a graph).
         """
         flat_dtypes = [tf.as_dtype(d) for d in tree.flatten(data_dtypes)]
@@ -103,9 +126,11 @@ class TFClient:
             item = sampled.item
             columns = [np.asarray(column) for column in item.column_arrays()]
             squeezed = [column.squeeze for column in item.trajectory]
-            if len(columns) != len(flat_dtypes):
-                raise _InvalidArgument(f"Sampled item of table '{table_name}' has {len(columns)} columns, but "
-                                       f"data_dtypes has {len(flat_dtypes)}: {[d.name for d in flat_dtypes]}")
+            if len(columns) != len(flat_dtypes):  # (Reverb counts the 5 info tensors too)
+                raise _InvalidArgument(f"Number of tensors in the replay sample did not match the expected count. "
+                                       f"Got {5 + len(columns)} but wanted {5 + len(flat_dtypes)}. (Sampled item of "
+                                       f"table '{table_name}' has {len(columns)} columns, but data_dtypes has "
+                                       f"{len(flat_dtypes)}: {[d.name for d in flat_dtypes]}.)")
             if not all(squeezed):  # (an item of squeezed columns is one timestep: returned whole)
                 if any(squeezed) or len({len(column) for column in columns}) != 1:
                     raise _InvalidArgument(f"Sampled trajectory cannot be decomposed into timesteps: item "
@@ -115,8 +140,10 @@ class TFClient:
                 columns = [column[0] for column in columns]  # the first timestep
             for i, (column, dtype) in enumerate(zip(columns, numpy_dtypes)):
                 if column.dtype != dtype:
-                    raise _InvalidArgument(f"Sampled item of table '{table_name}' has column {i} of dtype "
-                                           f"{column.dtype.name}, but data_dtypes expects {np.dtype(dtype).name}")
+                    raise _TypeMismatch(f"Type mismatch: actual {_type_name(column.dtype)} vs. expect "
+                                        f"{_type_name(dtype)}. (Sampled item of table '{table_name}' has column {i} "
+                                        f"of dtype {column.dtype.name}, but data_dtypes expects "
+                                        f"{np.dtype(dtype).name}.)")
             return [np.uint64(item.key), np.float64(sampled.probability), np.int64(sampled.table_size),
                     np.float64(sampled.priority), np.int32(sampled.times_sampled), *columns]
 

@@ -11,6 +11,7 @@ from typing import Any, Optional, Union
 import tensorflow as tf
 import tree
 
+from replay_tf import _lazy_dataset
 from replay_tf.trajectory_dataset import ReplaySample
 from replay_tf.trajectory_dataset import SampleInfo
 from replay_tf.trajectory_dataset import TrajectoryDataset
@@ -28,21 +29,26 @@ class _Items(TrajectoryDataset):
     def _signature_shapes(self) -> list:
         return self._timestep_shapes
 
-    def _check_item(self, item) -> None:
+    def _check_item(self, item, table: str) -> None:
         squeezed = [column.squeeze for column in item.trajectory]
         if any(squeezed):
             raise ValueError(f"Sampled trajectory cannot be decomposed into timesteps: item {item.key} of table "
-                             f"'{self._table}' has squeezed columns {[i for i, s in enumerate(squeezed) if s]}")
+                             f"'{table}' has squeezed columns {[i for i, s in enumerate(squeezed) if s]}")
+
+    def _reported_shapes(self, index: int, column_shape: tuple) -> tuple:
+        # (as Reverb reports them: per timestep)
+        return self._timestep_shapes[index], tf.TensorShape(column_shape[1:])
 
 
-class TimestepDataset(tf.data.Dataset):
+class TimestepDataset(_lazy_dataset.LazyDatasetV1):
     """A `tf.data.Dataset` of `ReplaySample`s, one per timestep of each sampled item, in order; `info`
     (scalars) is that of the item. Arguments as `TrajectoryDataset`'s, with `dtypes` and `shapes` of one
-    timestep; `max_samples` counts items.
+    timestep; `max_samples` counts items. A `tf.compat.v1.data.Dataset`, as `TrajectoryDataset`.
 
     Raises (when iterated):
       InvalidArgumentError: a sampled item whose columns are not timestep-shaped (squeezed, or of different
-        lengths); its data shapes are checked as `TrajectoryDataset` checks them.
+        lengths), or whose timesteps do not match `dtypes`/`shapes` (Reverb's "Received incompatible tensor
+        ... Specification has (dtype, shape): ..." with per-timestep shapes).
     """
 
     def __init__(self, server_address: Union[str, tf.Tensor], table: Union[str, tf.Tensor], dtypes: Any,
@@ -56,8 +62,12 @@ class TimestepDataset(tf.data.Dataset):
         self._items = _Items(server_address, table, dtypes, item_shapes, max_in_flight_samples_per_worker,
                              num_workers_per_iterator, max_samples_per_stream, rate_limiter_timeout_ms, max_samples,
                              stacked_samples=False, timestep_shapes=tree.flatten(timestep_shapes))
-        self._dataset = self._items.flat_map(_timesteps)
-        super().__init__(self._dataset._variant_tensor)
+        self._element_spec = ReplaySample(
+            info=SampleInfo(*[tf.TensorSpec(s, d) for s, d in zip(SampleInfo.tf_shapes(), SampleInfo.tf_dtypes())]),
+            data=tree.unflatten_as(self._items.element_spec.data, [
+                tf.TensorSpec(shape, spec.dtype)
+                for shape, spec in zip(tree.flatten(timestep_shapes), tree.flatten(self._items.element_spec.data))]))
+        super().__init__()
 
     @classmethod
     def from_table_signature(cls, server_address: str, table: str, max_in_flight_samples_per_worker: int,
@@ -79,10 +89,10 @@ class TimestepDataset(tf.data.Dataset):
 
     @property
     def element_spec(self) -> Any:
-        return self._dataset.element_spec
+        return self._element_spec
 
-    def _inputs(self):
-        return []
+    def _build_dataset(self) -> tf.data.Dataset:
+        return self._items.flat_map(_timesteps)
 
 
 def _timesteps(sample: ReplaySample) -> tf.data.Dataset:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import atexit
 import operator
-import queue
 import sys
 import threading
 import time
@@ -36,6 +35,8 @@ import tensorflow as tf
 import tree
 
 from replay_tf import _addresses
+from replay_tf import _lazy_dataset
+from replay_tf import _sample_workers
 from replay_tf import _stacking
 from replay_tf import errors
 
@@ -120,12 +121,16 @@ def _info_arrays(batch: list) -> SampleInfo:
         times_sampled=np.fromiter(map(operator.itemgetter(2), batch), np.int32, n))
 
 
-class TrajectoryDataset(tf.data.Dataset):
+class TrajectoryDataset(_lazy_dataset.LazyDatasetV1):
     """Reverb's `reverb.TrajectoryDataset`: samples of `table` as `ReplaySample(info, data)`.
 
+    A `tf.compat.v1.data.Dataset`, as Reverb's: TF1 graphs iterate it with `make_one_shot_iterator()` or
+    `make_initializable_iterator()` (see `_lazy_dataset`).
+
     Args:
-      server_address: `host:port` of the server.
-      table: Table to sample from.
+      server_address: `host:port` of the server: a str or a scalar string tensor.
+      table: Table to sample from: a str or a scalar string tensor, whose value may be known only when the
+        dataset is iterated (e.g. a `tf.function` argument or a placeholder), as Reverb's op takes it.
       dtypes: Nest of `tf.DType`s of the item's columns (lists become tuples).
       shapes: Nest of `tf.TensorShape`s, same structure as `dtypes`.
       max_in_flight_samples_per_worker: Samples requested per request (2-3x the batch size is a good value).
@@ -137,8 +142,9 @@ class TrajectoryDataset(tf.data.Dataset):
       max_samples_per_stream: -1 or >= 1; passed to remote transports, which re-open streams after it.
       rate_limiter_timeout_ms: -1 waits forever; otherwise a rate-limiter wait longer than this ends the
         iteration (0 ends it as soon as sampling would block).
-      max_samples: -1 for no limit, else the iteration ends after this many samples; with one worker no
-        more than that many are taken from the table (nothing sampled ahead is lost from a queue).
+      max_samples: -1 for no limit, else the iteration ends after this many samples, and no more than that
+        many are taken from the table (nothing sampled ahead is lost from a queue): several workers share
+        the budget, each reserving from what is left before it asks.
       stacked_samples: (an addition) whether to ask remote servers for samples stacked per column, an
         extension of Reverb's protocol that rl-data-tf servers implement (Reverb servers ignore it and
         send samples as usual): the server gathers each response's samples into one array per column, which
@@ -182,11 +188,10 @@ class TrajectoryDataset(tf.data.Dataset):
         self._max_samples_per_stream = None if max_samples_per_stream == -1 else max_samples_per_stream
         self._timeout_ms = None if rate_limiter_timeout_ms == -1 else rate_limiter_timeout_ms
         self._max_samples = None if max_samples == -1 else max_samples
-        self._stacked = (_addresses.is_loopback_target(server_address) if stacked_samples is None
-                         else bool(stacked_samples))
-        self._validate_against_signature()
-        self._dataset = self._build()
-        super().__init__(self._dataset._variant_tensor)
+        self._stacked_samples = stacked_samples
+        if isinstance(server_address, str) and isinstance(table, str):
+            self._validate_against_signature()
+        super().__init__()
 
     @classmethod
     def from_table_signature(cls, server_address: str, table: str, max_in_flight_samples_per_worker: int,
@@ -206,11 +211,8 @@ class TrajectoryDataset(tf.data.Dataset):
                    stacked_samples=stacked_samples)
 
     @property
-    def element_spec(self):
-        return self._dataset.element_spec
-
-    def _inputs(self):
-        return []
+    def element_spec(self) -> ReplaySample:
+        return tree.map_structure(lambda spec: tf.TensorSpec(spec.shape[1:], spec.dtype), self._batch_specs(None))
 
     def _validate_against_signature(self) -> None:
         """ValueError when the table has a signature that the requested dtypes/shapes contradict."""
@@ -237,9 +239,9 @@ class TrajectoryDataset(tf.data.Dataset):
                                  f"requested dtype={dtype.name} shape={shape}, but the table signature has "
                                  f"{spec}")
 
-    def _check_item(self, item) -> None:
-        """Raises ValueError for an item this dataset cannot yield (checked before its columns; only for
-        samples of variable shapes, yielded one by one)."""
+    def _check_item(self, item, table: str) -> None:
+        """Raises ValueError for an item of `table` this dataset cannot yield (checked before its columns;
+        only for samples of variable shapes, yielded one by one)."""
 
     def _signature_shapes(self) -> list:
         """The column shapes a table signature must be compatible with (`TimestepDataset`'s are timesteps)."""
@@ -252,10 +254,19 @@ class TrajectoryDataset(tf.data.Dataset):
                 tf.TensorSpec([batch_size, *s.as_list()] if s.rank is not None else None, d)
                 for d, s in zip(self._column_dtypes, self._column_shapes)]))
 
-    def _build(self) -> tf.data.Dataset:
-        dataset = tf.data.Dataset.from_generator(lambda: _ending_at_exit(self._generate_batches()),
-                                                 output_signature=self._batch_specs(None))
-        return dataset.unbatch()  # also drops the empty batches yielded while blocked
+    def _from_generator(self, batch_size: Optional[int] = None, drop_remainder: bool = False) -> tf.data.Dataset:
+        """The batches of `_generate_batches`; the address and table reach it as tensors, so that values
+        known only when the dataset is iterated work."""
+        def generate(server_address: bytes, table: bytes):
+            return _ending_at_exit(self._generate_batches(batch_size, drop_remainder,
+                                                          server_address=server_address.decode(),
+                                                          table=table.decode()))
+
+        return tf.data.Dataset.from_generator(generate, output_signature=self._batch_specs(None),
+                                              args=(self._server_address, self._table))
+
+    def _build_dataset(self) -> tf.data.Dataset:
+        return self._from_generator().unbatch()  # also drops the empty batches yielded while blocked
 
     def batch(self, batch_size, drop_remainder=False, num_parallel_calls=None, deterministic=None, name=None):
         """`tf.data.Dataset.batch`, computed without unbatching: batches of samples are stacked once, in
@@ -269,28 +280,47 @@ class TrajectoryDataset(tf.data.Dataset):
             return super().batch(batch_size, drop_remainder=drop_remainder, num_parallel_calls=num_parallel_calls,
                                  deterministic=deterministic, name=name)
         batch_size = int(batch_size)
-        dataset = tf.data.Dataset.from_generator(lambda: _ending_at_exit(self._generate_batches(batch_size,
-                                                                                        bool(drop_remainder))),
-                                                 output_signature=self._batch_specs(None))
-        # Drop the empty batches yielded while blocked (see the module docstring).
-        dataset = dataset.filter(_non_empty)
-        if drop_remainder:
-            dataset = dataset.map(_ensure_batch_size(self._batch_specs(batch_size)))
-        return dataset
+        drop_remainder = bool(drop_remainder)
 
-    def _check_columns(self, columns: list) -> None:
+        def build() -> tf.data.Dataset:
+            # Drop the empty batches yielded while blocked (see the module docstring).
+            dataset = self._from_generator(batch_size, drop_remainder).filter(_non_empty)
+            if drop_remainder:
+                dataset = dataset.map(_ensure_batch_size(self._batch_specs(batch_size)))
+            return dataset
+
+        return _lazy_dataset.DatasetV1(build, self._batch_specs(batch_size if drop_remainder else None))
+
+    def _check_columns(self, columns: list, table: str) -> None:
+        """InvalidArgument (a ValueError in the generator) for columns of `table` that this dataset cannot
+        yield, with Reverb's text ("Received incompatible tensor ... Specification has (dtype, shape): ...")
+        followed by the column's path in `dtypes`."""
         if len(columns) != len(self._column_dtypes):
-            raise ValueError(f"Table '{self._table}' returned an item with {len(columns)} columns but the dataset "
+            raise ValueError(f"Table '{table}' returned an item with {len(columns)} columns but the dataset "
                              f"expects {len(self._column_dtypes)} ({self._column_paths})")
-        for path, dtype, shape, column in zip(self._column_paths, self._column_dtypes, self._column_shapes, columns):
+        for i, (path, dtype, shape, column) in enumerate(zip(self._column_paths, self._column_dtypes,
+                                                             self._column_shapes, columns)):
             if column.dtype != _numpy_dtype(dtype) or not shape.is_compatible_with(column.shape):
-                raise ValueError(f"Table '{self._table}' returned an item whose column '{path}' has "
+                spec_shape, tensor_shape = self._reported_shapes(i, column.shape)
+                raise ValueError(f"Received incompatible tensor at flattened index {i} from table '{table}'.  "
+                                 f"Specification has (dtype, shape): ({_type_name(dtype)}, "
+                                 f"{_shape_string(spec_shape)}).  Tensor has (dtype, shape): "
+                                 f"({_type_name(column.dtype)}, {_shape_string(tensor_shape)}).  "
+                                 f"Table '{table}' returned an item whose column '{path}' has "
                                  f"dtype={column.dtype.name} shape={list(column.shape)}, but the dataset expects "
-                                 f"dtype={dtype.name} shape={shape}")
+                                 f"dtype={dtype.name} shape={shape}: pass dtypes and shapes that match the "
+                                 f"table's items (or build the dataset with from_table_signature).")
 
-    def _stack(self, samples: list, pool: Optional["_BufferPool"] = None) -> ReplaySample:
+    def _reported_shapes(self, index: int, column_shape: tuple) -> tuple:
+        """(the requested shape, the item's shape) of column `index` as a mismatch reports them."""
+        return self._column_shapes[index], tf.TensorShape(column_shape)
+
+    def _stack(self, samples: list, pool: Optional["_BufferPool"] = None, table: Optional[str] = None
+               ) -> ReplaySample:
         """One `ReplaySample` of arrays stacked along a new leading axis (fully defined shapes only), from a
-        sample stream's batch: `SampledItem`s and `StackedSamples` (see `_stacking`)."""
+        sample stream's batch of `table` (default: the dataset's): `SampledItem`s and `StackedSamples` (see
+        `_stacking`)."""
+        table = self._table if table is None else table
         empty = _aligned_empty if pool is None else pool.empty
         data = [empty((_stacking.count_samples(samples), *shape.as_list()), _numpy_dtype(dtype))
                 for dtype, shape in zip(self._column_dtypes, self._column_shapes)]
@@ -298,32 +328,33 @@ class TrajectoryDataset(tf.data.Dataset):
         pos = 0
         for run in _runs(samples):
             if type(run) is _stacking.StackedSamples:
-                self._check_columns([c[0] for c in run.columns])  # (row 0: every row has its dtype and shape)
+                # (row 0: every row has its dtype and shape)
+                self._check_columns([c[0] for c in run.columns], table)
                 for out, column in zip(data, run.columns):
                     out[pos:pos + len(run)] = column
                 infos.append(SampleInfo(run.keys, run.probabilities, run.table_sizes, run.priorities,
                                         run.times_sampled))
             else:
-                self._gather(run, [out[pos:pos + len(run)] for out in data])
+                self._gather(run, [out[pos:pos + len(run)] for out in data], table)
                 infos.append(_info_arrays(run))
             pos += len(run)
         info = infos[0] if len(infos) == 1 else SampleInfo(*map(np.concatenate, zip(*infos)))
         return ReplaySample(info, tree.unflatten_as(self._data_structure, data))
 
-    def _gather(self, samples: list, data: list) -> None:
-        """Fills `data` (one array per column) with the columns of `SampledItem`s."""
+    def _gather(self, samples: list, data: list, table: str) -> None:
+        """Fills `data` (one array per column) with the columns of `SampledItem`s of `table`."""
         items = [s.item for s in samples]
         per_item = None
         for i, out in enumerate(data):
             if not _stacking.gather_column(items, i, out):
                 if per_item is None:
                     per_item = [item.column_arrays() for item in items]
-                    self._check_columns(per_item[0])
+                    self._check_columns(per_item[0], table)
                 try:
                     np.stack([cols[i] for cols in per_item], out=out, casting="no")
                 except (ValueError, TypeError):  # some item has another dtype or shape: name it
                     for cols in per_item:
-                        self._check_columns(cols)
+                        self._check_columns(cols, table)
                     raise
 
     def _empty(self) -> ReplaySample:
@@ -332,24 +363,34 @@ class TrajectoryDataset(tf.data.Dataset):
                          _numpy_dtype(dtype)) for dtype, s in zip(self._column_dtypes, self._column_shapes)]
         return ReplaySample(_info_arrays([]), tree.unflatten_as(self._data_structure, data))
 
-    def _generate_batches(self, batch_size: Optional[int] = None, drop_remainder: bool = False):
-        """Yields `ReplaySample`s of stacked arrays: one per flexible batch of samples, or, with
-        `batch_size`, batches of exactly that many (the last one smaller unless `drop_remainder`)."""
+    def _generate_batches(self, batch_size: Optional[int] = None, drop_remainder: bool = False, *,
+                          server_address: Optional[str] = None, table: Optional[str] = None):
+        """Yields `ReplaySample`s of stacked arrays of `table` at `server_address` (default: the dataset's,
+        when known): one per flexible batch of samples, or, with `batch_size`, batches of exactly that many
+        (the last one smaller unless `drop_remainder`)."""
         from replay_tf.client import make_transport  # noqa: PLC0415
 
-        transport = make_transport(self._server_address)
+        server_address = self._server_address if server_address is None else server_address
+        table = self._table if table is None else table
+        transport = make_transport(server_address)
         request = self._max_in_flight if batch_size is None else max(self._max_in_flight, batch_size)
-        # One worker never takes more than `max_samples` from the table (a queue loses nothing); several
-        # workers share no budget, so each may have up to `request` samples in flight past the limit.
-        budget = self._max_samples if self._num_workers == 1 else None
         fully_defined = all(s.is_fully_defined() for s in self._column_shapes)
-        stacked = self._stacked and fully_defined  # (variable shapes are not stacked here either)
-        def open_stream():
-            return transport.open_sample_stream(self._table, request, self._timeout_ms,
-                                                max_samples_per_stream=self._max_samples_per_stream,
-                                                max_samples=budget, stacked=stacked)
+        stacked = (_addresses.is_loopback_target(server_address) if self._stacked_samples is None
+                   else bool(self._stacked_samples))
+        stacked = stacked and fully_defined  # (variable shapes are not stacked here either)
 
-        stream = open_stream() if self._num_workers == 1 else _ParallelStreams(open_stream, self._num_workers)
+        def open_stream(max_samples: Optional[int]):
+            return transport.open_sample_stream(table, request, self._timeout_ms,
+                                                max_samples_per_stream=self._max_samples_per_stream,
+                                                max_samples=max_samples, stacked=stacked)
+
+        # Never more than `max_samples` are taken from the table (a queue loses nothing); several workers
+        # share that budget (see `_sample_workers`).
+        if self._num_workers == 1:
+            stream = open_stream(self._max_samples)
+        else:
+            stream = _sample_workers.ParallelStreams(open_stream, self._num_workers, self._max_samples,
+                                                     request_size=request, poll_ms=_POLL_MS)
         remaining = self._max_samples
         pool = _BufferPool()
         pending: list = []
@@ -375,93 +416,37 @@ class TrajectoryDataset(tf.data.Dataset):
                     while pending_count >= batch_size:
                         head, pending = _stacking.split_samples(pending, batch_size)
                         pending_count -= batch_size
-                        yield self._stack(head, pool)
+                        yield self._stack(head, pool, table)
                 elif fully_defined:
-                    yield self._stack(batch, pool)
+                    yield self._stack(batch, pool, table)
                 else:  # variable shapes cannot be stacked: one sample per element
                     for sampled in batch:
-                        self._check_item(sampled.item)
+                        self._check_item(sampled.item, table)
                         cols = sampled.item.column_arrays()
-                        self._check_columns(cols)
+                        self._check_columns(cols, table)
                         yield ReplaySample(_info_arrays([sampled]), tree.unflatten_as(
                             self._data_structure, [c[np.newaxis] for c in cols]))
             if pending and not drop_remainder:
-                yield self._stack(pending)
+                yield self._stack(pending, table=table)
         finally:
             stream.close()
 
 
-class _WorkerTimedOut(NamedTuple):
-    error: Exception
+def _type_name(dtype) -> str:
+    """A dtype as TensorFlow's C++ names it in messages (`float`, `double`, `string`, `int64`, ...)."""
+    if not isinstance(dtype, tf.DType):
+        dtype = tf.string if np.dtype(dtype) == np.dtype(object) else tf.as_dtype(dtype)
+    return _CC_TYPE_NAMES.get(dtype, dtype.name)
 
 
-class _ParallelStreams:
-    """`num_workers` sample streams, each drained by its own thread into one queue (Reverb's sampler
-    workers); `next_batch` and `close` as a single stream's. The queue holds up to one flexible batch per
-    worker, so each worker has at most a batch waiting plus its stream's requests in flight."""
+_CC_TYPE_NAMES = {tf.float16: "half", tf.float32: "float", tf.float64: "double"}
 
-    def __init__(self, open_stream, num_workers: int):
-        self._queue: queue.Queue = queue.Queue(maxsize=num_workers)
-        self._stop = threading.Event()
-        self._timed_out = 0  # workers that ended on a rate-limiter timeout
-        self._streams = []
-        self._threads = []
-        try:
-            for _ in range(num_workers):
-                self._streams.append(open_stream())
-        except BaseException:
-            self.close()
-            raise
-        for i, stream in enumerate(self._streams):
-            thread = threading.Thread(target=self._work, args=(stream,), name=f"replay_tf-sample-worker-{i}",
-                                      daemon=True)
-            thread.start()
-            self._threads.append(thread)
 
-    def _put(self, value) -> None:
-        while not self._stop.is_set():
-            try:
-                self._queue.put(value, timeout=_POLL_MS / 1000.0)
-                return
-            except queue.Full:
-                continue
-
-    def _work(self, stream) -> None:
-        try:
-            while not self._stop.is_set():
-                batch = stream.next_batch(poll_ms=_POLL_MS)
-                if batch:
-                    self._put(batch)
-        except errors.DeadlineExceededError as e:  # this worker is done; see next_batch
-            self._put(_WorkerTimedOut(e))
-        except Exception as e:  # noqa: BLE001  (handed to the consumer, which raises it)
-            self._put(e)
-
-    def next_batch(self, poll_ms: Optional[float] = None) -> list:
-        """The next batch of any worker. A rate-limiter timeout is raised once every worker has timed out
-        and every sample taken before has been handed out; other errors are raised as they come."""
-        while True:
-            try:
-                value = self._queue.get(timeout=None if poll_ms is None else poll_ms / 1000.0)
-            except queue.Empty:
-                return []
-            if isinstance(value, _WorkerTimedOut):
-                self._timed_out += 1
-                if self._timed_out == len(self._threads):
-                    raise value.error
-                continue
-            if isinstance(value, Exception):
-                raise value
-            return value
-
-    def close(self) -> None:
-        """Stops the workers (each notices within one poll) and closes their streams; samples a worker
-        had taken and not handed over are dropped, as Reverb drops an iterator's in-flight samples."""
-        self._stop.set()
-        for thread in self._threads:
-            thread.join()
-        for stream in self._streams:
-            stream.close()
+def _shape_string(shape: tf.TensorShape) -> str:
+    """A shape as TensorFlow's C++ writes it in messages: `[1,2]`, `[?,3]`, `[]`, `<unknown>`."""
+    if shape.rank is None:
+        return "<unknown>"
+    return "[" + ",".join("?" if d is None else str(d) for d in shape.as_list()) + "]"
 
 
 @tf.autograph.experimental.do_not_convert
@@ -602,16 +587,23 @@ def _ending_at_exit(generator):
 _END = object()
 
 
-def _string_argument(name: str, value: Any) -> str:
-    """`value` as a str: a str, or a string tensor with a value known now (Reverb's signature takes
-    `Union[str, tf.Tensor]`); TypeError otherwise."""
+def _string_argument(name: str, value: Any) -> Union[str, tf.Tensor]:
+    """`value` as a str when it is known now (a str, or a scalar string tensor of known value), else as the
+    scalar string tensor it is (read when the dataset is iterated, as Reverb's op reads it); TypeError for
+    anything else."""
     if isinstance(value, str):
         return value
-    static = tf.get_static_value(value) if tf.is_tensor(value) else None
-    if isinstance(static, bytes):
-        return static.decode()
-    raise TypeError(f"{name} must be a str or a scalar string tensor whose value is known when the dataset is "
-                    f"built, got {value!r}")
+    if isinstance(value, bytes):  # (TensorFlow converts bytes to string tensors too)
+        return value.decode()
+    if tf.is_tensor(value) and value.dtype == tf.string and value.shape.is_compatible_with([]):
+        static = tf.get_static_value(value)  # (bytes eagerly; a 0-d object array in graphs)
+        if static is None:
+            return tf.reshape(value, [])
+        static = np.asarray(static)
+        if static.shape == ():
+            static = static.item()
+            return static.decode() if isinstance(static, bytes) else str(static)
+    raise TypeError(f"{name} must be a str or a scalar string tensor, got {value!r}")
 
 
 def _runs(samples: list) -> list:

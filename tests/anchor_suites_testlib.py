@@ -117,8 +117,8 @@ def anchor_python_or_skip() -> str:
 def site_packages(python: str, package: str) -> pathlib.Path:
     """The site-packages directory holding `package` in the venv of `python` (without importing it: rlds
     imports `reverb` at import time)."""
-    code = ("import importlib.util, os; spec = importlib.util.find_spec(" + repr(package) + "); "
-            "print(os.path.dirname(list(spec.submodule_search_locations)[0]))")
+    code = (f"import importlib.util, os; spec = importlib.util.find_spec({package!r}); "
+            f"print(os.path.dirname(list(spec.submodule_search_locations)[0]))")
     out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     return pathlib.Path(out.stdout.strip())
 

@@ -6,6 +6,7 @@ list with its reason. The per-suite pass counts are printed (`anchor suite <file
 """
 from __future__ import annotations
 
+import subprocess
 import textwrap
 
 import pytest
@@ -75,16 +76,23 @@ EXCLUDED: dict[str, str] = {
 PER_TEST_TIMEOUT_S = 300
 RUN_TIMEOUT_S = 1500
 
-_results: dict[str, dict[str, lib.SuiteResult]] = {}
+_results: dict[str, dict[str, lib.SuiteResult] | Exception] = {}
 
 
 def _results_for(package: str, python: str, tmp_path_factory) -> dict[str, lib.SuiteResult]:
-    """Runs every suite of `package` once (in one process) and caches the outcomes for the cases."""
+    """Runs every suite of `package` once (in one process) and caches the outcomes for the cases; a run
+    that failed as a whole fails every case of the package without running again."""
     if package not in _results:
         suites = [lib.Suite(p) for p in RLDS_SUITES + TF_AGENTS_SUITES if p.startswith(f"{package}/")]
-        _results[package] = lib.run(python, suites, tmp_path_factory.mktemp(f"anchor-{package}"),
-                                    per_test_timeout_s=PER_TEST_TIMEOUT_S, timeout_s=RUN_TIMEOUT_S)
-    return _results[package]
+        try:
+            _results[package] = lib.run(python, suites, tmp_path_factory.mktemp(f"anchor-{package}"),
+                                        per_test_timeout_s=PER_TEST_TIMEOUT_S, timeout_s=RUN_TIMEOUT_S)
+        except (RuntimeError, subprocess.SubprocessError) as e:
+            _results[package] = e
+    outcome = _results[package]
+    if isinstance(outcome, Exception):
+        pytest.fail(f"the {package} anchor suites did not run: {outcome}")
+    return outcome
 
 
 @pytest.fixture(scope="module")

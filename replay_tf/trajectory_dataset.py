@@ -23,11 +23,8 @@ nothing from the table, so no item is lost or counted as sampled.
 """
 from __future__ import annotations
 
-import atexit
 import operator
 import sys
-import threading
-import time
 from typing import Any, NamedTuple, Optional, Union
 
 import numpy as np
@@ -35,6 +32,7 @@ import tensorflow as tf
 import tree
 
 from replay_tf import _addresses
+from replay_tf import _generator_exit
 from replay_tf import _lazy_dataset
 from replay_tf import _sample_workers
 from replay_tf import _stacking
@@ -258,7 +256,7 @@ class TrajectoryDataset(_lazy_dataset.LazyDatasetV1):
         """The batches of `_generate_batches`; the address and table reach it as tensors, so that values
         known only when the dataset is iterated work."""
         def generate(server_address: bytes, table: bytes):
-            return _ending_at_exit(self._generate_batches(batch_size, drop_remainder,
+            return _generator_exit.ending_at_exit(self._generate_batches(batch_size, drop_remainder,
                                                           server_address=server_address.decode(),
                                                           table=table.decode()))
 
@@ -296,8 +294,10 @@ class TrajectoryDataset(_lazy_dataset.LazyDatasetV1):
         yield, with Reverb's text ("Received incompatible tensor ... Specification has (dtype, shape): ...")
         followed by the column's path in `dtypes`."""
         if len(columns) != len(self._column_dtypes):
-            raise ValueError(f"Table '{table}' returned an item with {len(columns)} columns but the dataset "
-                             f"expects {len(self._column_dtypes)} ({self._column_paths})")
+            raise ValueError(f"Inconsistent number of tensors received from table '{table}'.  Specification has "
+                             f"{len(self._column_dtypes)} tensors, but data coming from the table shows "
+                             f"{len(columns)} tensors.  Table '{table}' returned an item with {len(columns)} "
+                             f"columns but the dataset expects {len(self._column_dtypes)} ({self._column_paths})")
         for i, (path, dtype, shape, column) in enumerate(zip(self._column_paths, self._column_dtypes,
                                                              self._column_shapes, columns)):
             if column.dtype != _numpy_dtype(dtype) or not shape.is_compatible_with(column.shape):
@@ -345,6 +345,10 @@ class TrajectoryDataset(_lazy_dataset.LazyDatasetV1):
         """Fills `data` (one array per column) with the columns of `SampledItem`s of `table`."""
         items = [s.item for s in samples]
         per_item = None
+        if any(len(item.resolved_columns) != len(data) for item in items):
+            per_item = [item.column_arrays() for item in items]
+            for cols in per_item:
+                self._check_columns(cols, table)  # (raises for the first item of another column count)
         for i, out in enumerate(data):
             if not _stacking.gather_column(items, i, out):
                 if per_item is None:
@@ -508,83 +512,6 @@ class _BufferPool:
         if len(arrays) < self.MAX_ARRAYS:
             arrays.append(array)
         return array
-
-
-class _Generators:
-    """The sample generators of this process that tf.data runs, and whether the interpreter is exiting.
-
-    tf.data calls a generator from threads of its own. If the interpreter starts to finalize while such a
-    thread is in Python (or enters it: prefetching asks for the next element as soon as there is room),
-    the thread is ended when it asks for the GIL, and the iterator's destructor, run during finalization,
-    waits for it forever: a script that exited with an iterator still open hung about one time in two. At
-    exit, before finalization, every generator is told to end (each ends at its next call, or within a
-    poll, `_POLL_MS`, if it is waiting for samples), and exit waits until each has ended or has not been
-    called for `QUIET_S` (tf.data's buffer is full: its threads stay out of Python)."""
-
-    QUIET_S = 0.2
-    TIMEOUT_S = 2.0
-
-    def __init__(self):
-        self.exiting = threading.Event()
-        self.live = 0      # generators started and not ended
-        self.running = 0   # generators inside a call (not suspended at a yield)
-        self.started = False
-        self.changed = time.monotonic()
-        self.cv = threading.Condition()
-
-    def stop_all(self) -> None:
-        self.exiting.set()
-        deadline = time.monotonic() + self.TIMEOUT_S
-        with self.cv:
-            if not self.started:  # (no generator ever ran: nothing of tf.data's can be in Python)
-                return
-            while self.live and time.monotonic() < deadline:
-                if not self.running and time.monotonic() - self.changed >= self.QUIET_S:
-                    break
-                self.cv.wait(0.05)
-        time.sleep(0.05)  # an ended generator's finalizer runs in tf.data's thread, in Python
-
-    def enter(self, started: bool = False) -> None:
-        with self.cv:
-            self.started = True
-            self.live += started
-            self.running += 1
-            self.changed = time.monotonic()
-
-    def leave(self, ended: bool = False) -> None:
-        with self.cv:
-            self.live -= ended
-            self.running -= 1
-            self.changed = time.monotonic()
-            self.cv.notify_all()
-
-
-_GENERATORS = _Generators()
-atexit.register(_GENERATORS.stop_all)
-
-
-def _ending_at_exit(generator):
-    """`generator` for tf.data, tracked by `_GENERATORS` and ended once the interpreter exits."""
-    generators = _GENERATORS
-    generators.enter(started=True)
-    try:
-        while not generators.exiting.is_set():
-            value = next(generator, _END)
-            if value is _END:
-                return
-            generators.leave()
-            try:
-                yield value
-            finally:
-                generators.enter()
-    finally:
-        try:
-            generator.close()
-        finally:
-            generators.leave(ended=True)
-
-
-_END = object()
 
 
 def _string_argument(name: str, value: Any) -> Union[str, tf.Tensor]:

@@ -36,7 +36,8 @@ def mismatch(make):
         values(make())
         return "nothing raised"
     except Exception as e:
-        found = re.search(r"Received incompatible tensor .*?Tensor has \(dtype, shape\): \([^)]*\)\.", str(e))
+        found = re.search(r"Received incompatible tensor .*?Tensor has \(dtype, shape\): \([^)]*\)\."
+                          r"|Inconsistent number of tensors received .*? shows \d+ tensors\.", str(e))
         return [type(e).__name__, found.group(0) if found else str(e)]
 """
 
@@ -126,6 +127,11 @@ insert()
 emit("trajectory_shape", mismatch(trajectories({"a": tf.int32, "b": tf.float64}, {"a": tf.TensorShape([1, 3]), "b": tf.TensorShape([1])})))
 insert()
 emit("trajectory_dtype", mismatch(trajectories({"a": tf.int32, "b": tf.float32}, {"a": tf.TensorShape([1, 2]), "b": tf.TensorShape([1])})))
+insert()
+emit("trajectory_count", mismatch(trajectories((tf.int32,), (tf.TensorShape([1, 2]),))))
+insert()
+emit("timestep_count", mismatch(timesteps((tf.int32, tf.float64, tf.int32),
+                                          (tf.TensorShape([2]), tf.TensorShape([]), tf.TensorShape([2])))))
 emit("left", int(client.server_info()["m"].current_size))
 """,
     "tf_client_string_tensors": _SETUP + """
@@ -180,6 +186,9 @@ def test_local_scenarios(local_results):
     assert local_results["mismatch_messages.timestep_shape"] == [
         "InvalidArgumentError", "Received incompatible tensor at flattened index 0 from table 'm'.  Specification "
         "has (dtype, shape): (int32, [3]).  Tensor has (dtype, shape): (int32, [2])."]
+    assert local_results["mismatch_messages.trajectory_count"] == [
+        "InvalidArgumentError", "Inconsistent number of tensors received from table 'm'.  Specification has 1 "
+        "tensors, but data coming from the table shows 2 tensors."]
     assert local_results["tf_client_string_tensors.again"] == [0, 4.0]
     assert local_results["tf_client_dtype_mismatch_eagerly.raised"] == [True, "Type mismatch: actual int64 vs. expect float"]
 

@@ -1,0 +1,83 @@
+"""Sample generators that tf.data runs, ended before the interpreter finalizes (see `_Generators`)."""
+from __future__ import annotations
+
+import atexit
+import threading
+import time
+
+
+class _Generators:
+    """The sample generators of this process that tf.data runs, and whether the interpreter is exiting.
+
+    tf.data calls a generator from threads of its own. If the interpreter starts to finalize while such a
+    thread is in Python (or enters it: prefetching asks for the next element as soon as there is room),
+    the thread is ended when it asks for the GIL, and the iterator's destructor, run during finalization,
+    waits for it forever: a script that exited with an iterator still open hung about one time in two. At
+    exit, before finalization, every generator is told to end (each ends at its next call, or within a
+    poll, `_POLL_MS`, if it is waiting for samples), and exit waits until each has ended or has not been
+    called for `QUIET_S` (tf.data's buffer is full: its threads stay out of Python)."""
+
+    QUIET_S = 0.2
+    TIMEOUT_S = 2.0
+
+    def __init__(self):
+        self.exiting = threading.Event()
+        self.live = 0      # generators started and not ended
+        self.running = 0   # generators inside a call (not suspended at a yield)
+        self.started = False
+        self.changed = time.monotonic()
+        self.cv = threading.Condition()
+
+    def stop_all(self) -> None:
+        self.exiting.set()
+        deadline = time.monotonic() + self.TIMEOUT_S
+        with self.cv:
+            if not self.started:  # (no generator ever ran: nothing of tf.data's can be in Python)
+                return
+            while self.live and time.monotonic() < deadline:
+                if not self.running and time.monotonic() - self.changed >= self.QUIET_S:
+                    break
+                self.cv.wait(0.05)
+        time.sleep(0.05)  # an ended generator's finalizer runs in tf.data's thread, in Python
+
+    def enter(self, started: bool = False) -> None:
+        with self.cv:
+            self.started = True
+            self.live += started
+            self.running += 1
+            self.changed = time.monotonic()
+
+    def leave(self, ended: bool = False) -> None:
+        with self.cv:
+            self.live -= ended
+            self.running -= 1
+            self.changed = time.monotonic()
+            self.cv.notify_all()
+
+
+_GENERATORS = _Generators()
+atexit.register(_GENERATORS.stop_all)
+
+
+def ending_at_exit(generator):
+    """`generator` for tf.data, tracked by `_GENERATORS` and ended once the interpreter exits."""
+    generators = _GENERATORS
+    generators.enter(started=True)
+    try:
+        while not generators.exiting.is_set():
+            value = next(generator, _END)
+            if value is _END:
+                return
+            generators.leave()
+            try:
+                yield value
+            finally:
+                generators.enter()
+    finally:
+        try:
+            generator.close()
+        finally:
+            generators.leave(ended=True)
+
+
+_END = object()

@@ -11,7 +11,7 @@ The config is JSON or YAML (YAML needs PyYAML)::
         max_times_sampled: 0     # optional
         rate_limiter: {sample_to_insert_ratio: {samples_per_insert: 4.0, min_size_to_sample: 100,
                                                 error_buffer: 50}}       # or {min_size: 1}
-        signature:               # optional; leaves are {shape: [...], dtype: ...}
+        signature:               # optional; leaves are {shape: [...], dtype: ...} (+ minimum, maximum: bounded)
           observation: {shape: [10, 5], dtype: float32}
           action: {shape: [], dtype: int64}
       - name: actions
@@ -119,12 +119,29 @@ def _rate_limiter(value: Any, where: str):
         raise ConfigError(f"{where}.{name}: {e}") from e
 
 
+_SPEC_KEYS = {"shape", "dtype", "name", "minimum", "maximum"}
+
+
 def _signature(value: Any, where: str):
-    """Nests of mappings/lists whose leaves are `{shape: [...], dtype: ...}` -> nests of `tf.TensorSpec`."""
+    """Nests of mappings/lists whose leaves are `{shape: [...], dtype: ...}` -> nests of `tf.TensorSpec`.
+
+    A leaf with `minimum` and `maximum` becomes TF's `BoundedTensorSpec` (the class of TF-Agents' bounded
+    specs, e.g. a `Trajectory`'s discount: TF-Agents compares table signatures with `==`, which holds only
+    between specs of the same class and bounds).
+    """
     import tensorflow as tf  # noqa: PLC0415
 
-    if isinstance(value, Mapping) and "dtype" in value and set(value) <= {"shape", "dtype", "name"}:
+    from rlds_tf import _structure_coder  # noqa: PLC0415
+
+    if isinstance(value, Mapping) and "dtype" in value and set(value) <= _SPEC_KEYS:
+        bounds = [k for k in ("minimum", "maximum") if k in value]
         try:
+            if len(bounds) == 1:
+                raise ValueError(f"'{bounds[0]}' needs the other bound too: give both minimum and maximum")
+            if bounds:
+                return _structure_coder.bounded_tensor_spec(value.get("shape", []), tf.as_dtype(value["dtype"]),
+                                                            value["minimum"], value["maximum"],
+                                                            name=value.get("name"))
             return tf.TensorSpec(value.get("shape", []), tf.as_dtype(value["dtype"]), name=value.get("name"))
         except (TypeError, ValueError) as e:
             raise ConfigError(f"{where}: invalid tensor spec {dict(value)}: {e}") from e

@@ -19,15 +19,17 @@ calls (`TensorShape.as_proto`, `DType.as_datatype_enum`, `tf.make_tensor_proto`)
 | `tf.TensorShape`                              | `tensor_shape_value`         | `tf.TensorShape`                |
 | `tf.DType`                                    | `tensor_dtype_value`         | `tf.DType`                      |
 | `tf.TensorSpec`                               | `tensor_spec_value`          | `tf.TensorSpec`                 |
-| `tf.TensorSpec` with `minimum` and `maximum`  | `bounded_tensor_spec_value`  | `tf.TensorSpec` (bounds dropped)|
+| `tf.TensorSpec` with `minimum` and `maximum`  | `bounded_tensor_spec_value`  | TF's `BoundedTensorSpec`        |
 |   (TF's and TF-Agents' `BoundedTensorSpec`)   |                              |                                 |
 
 Mappings are written in their iteration order, as TF does (protobuf keeps a map's insertion order on the
 wire, so sorting would change the bytes); decoding returns a `dict` with its keys sorted, the order
-`tf.nest` flattens it in. TF has no public `BoundedTensorSpec`, so bounded specs decode to a plain
-`tf.TensorSpec` with their shape, dtype and name (what `replay_tf` uses a signature for); their bounds stay
-readable in the proto (`bounded_tensor_spec_value.minimum`, a `TensorProto`: `tf.make_ndarray`). Other
-leaves (numpy scalars other than `np.float64`, bytes, other `tf.TypeSpec`s, ...) raise `TypeError` naming
+`tf.nest` flattens it in. Bounded specs decode to TF's `BoundedTensorSpec` with their bounds, as TF's coder
+(and so dm-reverb's `server_info`) gives them: TF-Agents' specs are of that class and TF-Agents compares
+signatures with `==`, which holds only between specs of the same class (`rlds_to_reverb.push_rlds_to_reverb`
+checks a table's signature that way). TF exports no name for that class; it is taken as the subclass of
+`tf.TensorSpec` named `BoundedTensorSpec` (a TF without one decodes bounded specs to a plain `tf.TensorSpec`).
+Other leaves (numpy scalars other than `np.float64`, bytes, other `tf.TypeSpec`s, ...) raise `TypeError` naming
 their path.
 
 >>> proto = encode_structure({'obs': tf.TensorSpec([2], tf.float32, 'obs'), 'n': (1, None)})
@@ -160,6 +162,28 @@ def encode_structure(nest: Any) -> struct_pb2.StructuredValue:
 
 
 @functools.lru_cache(maxsize=None)
+def _bounded_spec_type() -> type | None:
+    """TF's `BoundedTensorSpec` class: the subclass of `tf.TensorSpec` of that name (TF exports no name for it)."""
+    for cls in tf.TensorSpec.__subclasses__():
+        if cls.__name__ == "BoundedTensorSpec" and cls.__module__.startswith("tensorflow."):
+            return cls
+    return None
+
+
+def bounded_tensor_spec(shape, dtype, minimum, maximum, name=None) -> tf.TensorSpec:
+    """TF's (and TF-Agents') `BoundedTensorSpec(shape, dtype, minimum, maximum, name)`.
+
+    Raises:
+      TypeError: this TF has no `BoundedTensorSpec` class.
+    """
+    bounded = _bounded_spec_type()
+    if bounded is None:
+        raise TypeError(f"this TensorFlow ({tf.__version__}) has no BoundedTensorSpec class (a subclass of "
+                        f"tf.TensorSpec of that name); use a spec without minimum and maximum")
+    return bounded(shape, dtype, minimum=minimum, maximum=maximum, name=name)
+
+
+@functools.lru_cache(maxsize=None)
 def _named_tuple_type(name: str, fields: tuple) -> type:
     # One type per (name, fields), so that decoding twice gives values of the same type.
     return collections.namedtuple(name, fields)
@@ -194,7 +218,12 @@ def _decode(value: struct_pb2.StructuredValue, path: tuple) -> Any:
         return tf.dtypes.as_dtype(value.tensor_dtype_value)
     if kind in ("tensor_spec_value", "bounded_tensor_spec_value"):
         spec = getattr(value, kind)
-        return tf.TensorSpec(tf.TensorShape(spec.shape), tf.dtypes.as_dtype(spec.dtype), spec.name or None)
+        shape, dtype, name = tf.TensorShape(spec.shape), tf.dtypes.as_dtype(spec.dtype), spec.name or None
+        bounded = _bounded_spec_type()
+        if kind == "bounded_tensor_spec_value" and bounded is not None:
+            return bounded(shape, dtype, minimum=tf.make_ndarray(spec.minimum),
+                           maximum=tf.make_ndarray(spec.maximum), name=name)
+        return tf.TensorSpec(shape, dtype, name)
     raise TypeError(f"cannot decode the StructuredValue at {_path_str(path)}: field {kind!r} is not supported "
                     f"(supported: the fields for {_SUPPORTED})")
 
@@ -206,7 +235,7 @@ def decode_structure(proto: Any) -> Any:
       proto: a `StructuredValue`, from any descriptor pool (e.g. Reverb's), or its serialized bytes.
 
     Returns:
-      The nest: see the module docstring's table (dicts with sorted keys; bounded specs as `tf.TensorSpec`).
+      The nest: see the module docstring's table (dicts with sorted keys; bounded specs with their bounds).
 
     Raises:
       TypeError: a field this module does not decode (e.g. `type_spec_value`); the message names its path.

@@ -690,7 +690,7 @@ def encode_signature(signature: Any):
 
 
 def decode_signature(proto) -> Any:
-    """The nest of `tf.TensorSpec` of a `StructuredValue` (bounded specs become plain `TensorSpec`s)."""
+    """The nest of `tf.TensorSpec` of a `StructuredValue` (bounded specs as TF's `BoundedTensorSpec`)."""
     return structure_coder.decode_structure(proto)
 
 

@@ -7,7 +7,9 @@ runtime stays uninitialized (a later `tf.config.set_logical_device_configuration
 Python through `tf.data` functions, and tracing a function initializes the runtime. So in a TF1 graph
 (not eagerly, not inside a `tf.function`) the pipeline is built when its variant tensor is first needed
 (an iterator, or a transformation taking the dataset as input), in the graph the dataset was made in;
-eagerly and inside a `tf.function` it is built at once.
+eagerly and inside a `tf.function` it is built at once. A transformation applied in the graph (`map`,
+`TimestepDataset(...).batch`, ...) takes the variant tensor, so it builds the pipeline, and starts the
+runtime, then; `TrajectoryDataset.batch` returns a lazy dataset of its own.
 """
 from __future__ import annotations
 

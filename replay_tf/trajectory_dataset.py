@@ -128,7 +128,10 @@ class TrajectoryDataset(_lazy_dataset.LazyDatasetV1):
     Args:
       server_address: `host:port` of the server: a str or a scalar string tensor.
       table: Table to sample from: a str or a scalar string tensor, whose value may be known only when the
-        dataset is iterated (e.g. a `tf.function` argument or a placeholder), as Reverb's op takes it.
+        dataset is iterated (e.g. a `tf.function` argument or a placeholder), as Reverb's op takes it. A
+        name known only then is checked only then: an unknown one raises InvalidArgumentError ("Priority
+        table ... was not found"; Reverb's kernel raises NotFoundError, which a Python function inside a
+        tf.data pipeline cannot raise).
       dtypes: Nest of `tf.DType`s of the item's columns (lists become tuples).
       shapes: Nest of `tf.TensorShape`s, same structure as `dtypes`.
       max_in_flight_samples_per_worker: Samples requested per request (2-3x the batch size is a good value).

@@ -86,8 +86,6 @@ if STACKED:
     stacked = tf.data.Dataset.from_tensor_slices(data).map(lambda ep: {{'steps': ep}})
     results['stacked'], results['stacked_cpu'] = steady_rate(
         rlds.transformations.pattern_map_from_transform(stacked, transition).batch(256), batches, E * (T - 1))
-    results['pairs_checkpointable'], _ = drain(
-        rlds.transformations.batch(steps, size=2, shift=1, checkpointable=True))
 """.format(episodes=NUM_EPISODES, length=EPISODE_LENGTH)
 
 _BEST_RATE = _harness.PEER_BEST_RATE
@@ -128,9 +126,6 @@ def main() -> None:
         {"workload": "transformations.batch(size=2, shift=1) over steps", "ours": ours["pairs"],
          "peer": theirs and theirs["pairs"], "peer_name": "rlds 0.1.8 (sliding_window_dataset)",
          "unit": "batches/s"},
-        {"workload": "same, checkpointable=True (accepted, same public-API path)",
-         "ours": ours["pairs_checkpointable"], "peer": theirs and theirs["pairs"],
-         "peer_name": "rlds 0.1.8 (sliding_window_dataset)", "unit": "batches/s"},
         # Bounds (ours vs the peer's batch rate): reading the steps alone, then reading them into blocks
         # (the first, serial stage of ours); no pipeline with one reader can beat these ratios.
         {"workload": "bound: reading the steps alone (from_tensor_slices)", "ours": ours["read"],

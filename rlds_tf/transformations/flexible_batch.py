@@ -25,6 +25,7 @@ import numpy as np
 import tensorflow as tf
 
 from rlds_tf import rlds_types
+from rlds_tf.transformations import _cardinality
 from rlds_tf.transformations import shape_ops
 
 BATCH_AUTO_TUNE = -1
@@ -115,7 +116,7 @@ def _windows_by_blocks(dataset, size, shift, stride, drop_remainder):
 
 
 def batch(dataset: tf.data.Dataset, size: int = BATCH_AUTO_TUNE, shift: Optional[int] = None,
-          stride: int = 1, drop_remainder: bool = False, *, checkpointable: bool = True) -> tf.data.Dataset:
+          stride: int = 1, drop_remainder: bool = False) -> tf.data.Dataset:
     """Batches elements into (possibly overlapping, strided) windows, returned as flat batched tensors.
 
     Args:
@@ -124,13 +125,16 @@ def batch(dataset: tf.data.Dataset, size: int = BATCH_AUTO_TUNE, shift: Optional
       shift: distance between the first elements of consecutive batches (defaults to `size`).
       stride: distance between consecutive elements within a batch.
       drop_remainder: drop the batches at the end that have fewer than `size` elements.
-      checkpointable: accepted for compatibility and ignored: iterators of every result can be saved with
-        `tf.train.Checkpoint` (this used to choose between TF's private sliding-window kernel, which cannot
-        save its state, and the blocked gather, which is now the only implementation).
 
     `size`, `shift` and `stride` may be Python or numpy integers, or integer scalar tensors whose value is
-    known when the dataset is built (rlds takes int64 tensors). The result has a known cardinality whenever
-    the input's is known (rlds' sliding window loses it, or reports too many batches with `drop_remainder`).
+    known when the dataset is built (rlds takes int64 tensors). Iterators of the result can be saved with
+    `tf.train.Checkpoint`.
+
+    It works inside traced code too (`episodes.flat_map(lambda e: batch(e['steps'], 2, 1))`, `interleave`,
+    `map`, `tf.function`, TF1 graph mode). The result has a known cardinality whenever the input's is known
+    while the dataset is built, which is eagerly (rlds' sliding window loses it, or reports too many
+    batches with `drop_remainder`); in traced code the input's cardinality is a symbolic tensor, so the
+    result's cardinality is unknown there, as rlds'.
 
     Returns:
       The dataset of batches (leading dimension None, or `size` when `drop_remainder`).
@@ -144,7 +148,6 @@ def batch(dataset: tf.data.Dataset, size: int = BATCH_AUTO_TUNE, shift: Optional
     >>> [x.numpy().tolist() for x in batch(ds, size=3, shift=2)]
     [[1, 2, 3], [3, 4]]
     """
-    del checkpointable  # always true now
     size = get_batch_size(dataset, _positive_int("size", size, BATCH_AUTO_TUNE))
     shift = size if shift is None else _positive_int("shift", shift, 0)
     if not shift:  # (rlds takes 0 for the default too)
@@ -156,7 +159,7 @@ def batch(dataset: tf.data.Dataset, size: int = BATCH_AUTO_TUNE, shift: Optional
         windows = _windows_by_blocks(dataset, size, shift, stride, drop_remainder)
     else:
         windows = _windows_by_dataset(dataset, size, shift, stride, drop_remainder)
-    count = _num_batches(int(dataset.cardinality()), size, shift, stride, drop_remainder)
+    count = _num_batches(_cardinality.static_cardinality(dataset), size, shift, stride, drop_remainder)
     return windows if count is None else windows.apply(tf.data.experimental.assert_cardinality(count))
 
 
@@ -173,10 +176,14 @@ def _positive_int(name: str, value: Any, *allowed: int) -> int:
                      f"known when the dataset is built), got {value!r}")
 
 
-def _num_batches(num_elements: int, size: int, shift: int, stride: int, drop_remainder: bool) -> Optional[int]:
+def _num_batches(num_elements: Optional[int], size: int, shift: int, stride: int,
+                 drop_remainder: bool) -> Optional[int]:
     """How many batches `batch` makes of `num_elements` elements: windows start every `shift` elements, and
     all of them count (each keeps what is left) or, with `drop_remainder`, only those that are full; None for
-    a cardinality that is not a count (unknown), INFINITE_CARDINALITY for an infinite input."""
+    a cardinality that is not a count (unknown, or not known while building), INFINITE_CARDINALITY for an
+    infinite input."""
+    if num_elements is None:
+        return None
     if num_elements == tf.data.INFINITE_CARDINALITY:
         return num_elements
     if num_elements < 0:

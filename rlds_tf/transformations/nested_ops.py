@@ -10,6 +10,7 @@ from typing import Any, Callable
 import tensorflow as tf
 
 from rlds_tf import rlds_types
+from rlds_tf.transformations import _cardinality
 from rlds_tf.transformations import flexible_batch
 from rlds_tf.transformations import shape_ops
 
@@ -83,10 +84,24 @@ def final_step(steps_dataset: tf.data.Dataset) -> Any:
 
 def episode_length(steps_dataset: tf.data.Dataset,
                    optimization_batch_size: int = flexible_batch.BATCH_AUTO_TUNE) -> Any:
-    """Number of steps (int32), from the cardinality when known, else by counting in batches."""
+    """Number of steps (int32), from the cardinality when known, else by counting in batches.
+
+    Inside traced code (e.g. `episodes.map(lambda e: episode_length(e['steps']))`) the cardinality is only
+    known when the graph runs, so a `tf.cond` picks between it and the count there.
+    """
     cardinality = steps_dataset.cardinality()
-    if cardinality != tf.data.UNKNOWN_CARDINALITY:
+    static = _cardinality.static_cardinality(steps_dataset)
+    if static is None:
+        return tf.cond(tf.not_equal(cardinality, tf.data.UNKNOWN_CARDINALITY),
+                       lambda: tf.cast(cardinality, tf.int32),
+                       lambda: _count_steps(steps_dataset, optimization_batch_size))
+    if static != tf.data.UNKNOWN_CARDINALITY:
         return tf.cast(cardinality, tf.int32)
+    return _count_steps(steps_dataset, optimization_batch_size)
+
+
+def _count_steps(steps_dataset: tf.data.Dataset, optimization_batch_size: int) -> tf.Tensor:
+    """The number of steps (int32), counted by reading them (in batches above an optimization size of 1)."""
     size = optimization_batch_size
     if size == flexible_batch.BATCH_AUTO_TUNE:
         size = flexible_batch.DEFAULT_BATCH_SIZE_IN_BYTES // max(1, shape_ops.size_from_spec(

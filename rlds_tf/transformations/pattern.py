@@ -16,6 +16,7 @@ from rlds_tf import patterns
 from rlds_tf import rlds_types
 from rlds_tf.patterns import compile as compile_lib
 from rlds_tf.patterns import configs as configs_lib
+from rlds_tf.transformations import _cardinality
 
 
 def step_spec(episodes_dataset: tf.data.Dataset) -> Dict[str, Any]:
@@ -56,29 +57,32 @@ def pattern_map(episodes_dataset: tf.data.Dataset, configs: Sequence[Any],
     blocks, spec = compile_lib.episodes_to_blocks(episodes_dataset, rlds_types.STEPS)
     items = compile_lib.compile_blocks(blocks, configs, spec, respect_episode_boundaries=respect_episode_boundaries,
                                        is_last_fn=_is_last)
-    if episodes_dataset.cardinality() == tf.data.INFINITE_CARDINALITY:
+    # The cardinality is asserted only when it is known while building (eagerly); inside traced code
+    # (flat_map, interleave, map, tf.function) the episodes' cardinality is symbolic and stays unknown.
+    num_episodes = _cardinality.static_cardinality(episodes_dataset)
+    if num_episodes == tf.data.INFINITE_CARDINALITY:
         # Endless episodes give endless items only if configs fire; Reverb declares it infinite too.
         items = items.apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY))
-    else:
-        count = _static_item_count(episodes_dataset, configs, respect_episode_boundaries)
+    elif num_episodes is not None:
+        count = _static_item_count(episodes_dataset, num_episodes, configs, respect_episode_boundaries)
         if count is not None:
             items = items.apply(tf.data.experimental.assert_cardinality(count))
     return items
 
 
-def _static_item_count(episodes_dataset: tf.data.Dataset, configs: Sequence[Any],
+def _static_item_count(episodes_dataset: tf.data.Dataset, num_episodes: int, configs: Sequence[Any],
                        respect_episode_boundaries: bool) -> Optional[int]:
     """The number of items when it follows from static facts alone, else None.
 
     That is the case for episodes of stacked steps with a static length T, a known number of episodes N,
     configs without conditions (only the implicit history one) and histories that run across episodes:
     config k, which waits for H_k steps, then fires at every step from the H_k-th of the N*T on.
+    `num_episodes` is N, the episodes' static cardinality (a count, or UNKNOWN_CARDINALITY).
     """
     steps = episodes_dataset.element_spec[rlds_types.STEPS]
     if respect_episode_boundaries or isinstance(steps, tf.data.DatasetSpec):
         return None
     lengths = {s.shape[0] if s.shape.rank else None for s in tf.nest.flatten(steps)}
-    num_episodes = int(episodes_dataset.cardinality())
     if len(lengths) != 1 or None in lengths or num_episodes < 0:
         return None
     configs = [patterns.as_config(c) for c in configs]

@@ -59,10 +59,9 @@ def test_element_spec(drop, leading):
 
 
 @pytest.mark.parametrize("size,shift,stride,drop", [(3, 1, 2, False), (2, 3, 1, False), (4, 2, 1, True)])
-@pytest.mark.parametrize("checkpointable", [True, False])  # accepted either way; always checkpointable
-def test_iterator_restores_at_every_position(tmp_path, monkeypatch, size, shift, stride, drop, checkpointable):
+def test_iterator_restores_at_every_position(tmp_path, monkeypatch, size, shift, stride, drop):
     monkeypatch.setattr(flexible_batch, "_MAX_BLOCK_ELEMENTS", 4)  # saves fall mid-block and in the tail
-    ds = flexible_batch.batch(_pairs(11), size, shift, stride, drop, checkpointable=checkpointable)
+    ds = flexible_batch.batch(_pairs(11), size, shift, stride, drop)
     full = _listed(ds)
     for position in sorted({0, 1, len(full) // 2, len(full) - 2, len(full) - 1, len(full)}):
         assert_iterator_checkpoint_roundtrip(ds, tmp_path, num_before=position)

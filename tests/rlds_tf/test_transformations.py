@@ -235,7 +235,7 @@ def test_batch_rejects_bad_arguments(kwargs, match):
 
 
 def test_batch_iterator_is_checkpointable(tmp_path):
-    ds = T.batch(tf.data.Dataset.range(10), size=3, shift=1, checkpointable=True)
+    ds = T.batch(tf.data.Dataset.range(10), size=3, shift=1)
     assert_iterator_checkpoint_roundtrip(ds, tmp_path, num_before=4)
 
 
@@ -245,7 +245,7 @@ def test_blocked_gather_path_matches_window_path(size, shift, stride, drop):
     # The fallback for inputs the sliding-window kernel is not used for; `Dataset.window` is the oracle.
     from rlds_tf.transformations import flexible_batch
     ds = tf.data.Dataset.range(23).map(lambda x: {"x": x, "y": tf.stack([x, -x])})
-    ours = T.batch(ds, size, shift, stride, drop, checkpointable=True)
+    ours = T.batch(ds, size, shift, stride, drop)
     want = flexible_batch._windows_by_dataset(ds, size, shift, stride, drop)
     flat = lambda d: [{k: v.numpy().tolist() for k, v in e.items()} for e in d]  # noqa: E731
     assert flat(ours) == flat(want)

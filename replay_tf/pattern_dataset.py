@@ -5,9 +5,11 @@ the same compiler as `rlds_tf.transformations.pattern_map` (one pattern language
 online by `structured_writer.StructuredWriter`). The items are those a `StructuredWriter` would write for
 the same steps and a sampler would read back, in the order it writes them.
 
-Differences from dm-reverb (additions): the dataset also works in graph mode (Reverb's is eager only), its
-iterators can be checkpointed, and the configs passed in are left as they are (Reverb appends its implicit
-`buffer_length` condition to the callers' protos). Steps are processed in blocks (`compile.steps_to_blocks`):
+Differences from dm-reverb: its iterators can be checkpointed; the configs passed in are left as they are
+(Reverb appends its implicit `buffer_length` condition to the callers' protos); and it can be created inside
+traced code as often as needed: in `episodes.flat_map(lambda e: PatternDataset(e['steps'], ...))` every
+episode gives its items, where dm-reverb 0.14's gives the first episode's only
+(tests/rlds_tf/test_traced_transformations.py). Steps are processed in blocks (`compile.steps_to_blocks`):
 items come out in the same order, but a block's items only once its last step has been read.
 """
 from __future__ import annotations

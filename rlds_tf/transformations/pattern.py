@@ -47,6 +47,10 @@ def pattern_map(episodes_dataset: tf.data.Dataset, configs: Sequence[Any],
     Returns:
       A dataset of the items (element spec `patterns.infer_signature(configs, step_spec)`).
 
+    It may be called inside traced code too, e.g. once per episode in
+    `episodes.flat_map(lambda e: pattern_map(tf.data.Dataset.from_tensors(e), configs))`, which gives every
+    episode's items (rlds 0.1.8's, through dm-reverb's PatternDataset, gives the first episode's only).
+
     >>> steps = {'x': tf.range(4), 'is_last': [False, False, False, True]}
     >>> episodes = tf.data.Dataset.from_tensors({'steps': tf.data.Dataset.from_tensor_slices(steps)})
     >>> ref = patterns.create_reference_step(step_spec(episodes))

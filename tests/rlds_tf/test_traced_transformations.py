@@ -189,17 +189,23 @@ def test_whole_dataset_contexts_match_hand_computed_items():
                                  f"{name}/{context}")
 
 
-def test_batch_and_episode_length_in_tf1_graph_mode():
+def test_batch_episode_length_and_patterns_in_tf1_graph_mode():
     # Graph code without AutoGraph or tf.function: cardinalities are symbolic while the dataset is built.
     with tf.Graph().as_default():
-        pairs = rlds_tf.transformations.batch(tf.data.Dataset.range(5), size=2, shift=1, drop_remainder=True)
-        lengths = [rlds_tf.transformations.episode_length(tf.data.Dataset.range(5)),
-                   rlds_tf.transformations.episode_length(tf.data.Dataset.range(5).filter(lambda x: x > 1))]
-        next_pair = tf.compat.v1.data.make_one_shot_iterator(pairs).get_next()
+        steps = tf.data.Dataset.range(5).map(lambda x: {"x": x, "is_last": x == 4})
+        pairs = rlds_tf.transformations.batch(steps, size=2, shift=1, drop_remainder=True)
+        lengths = [rlds_tf.transformations.episode_length(steps),
+                   rlds_tf.transformations.episode_length(steps.filter(lambda s: s["x"] > 1))]
+        ref = replay_tf.structured_writer.create_reference_step(steps.element_spec)
+        config = replay_tf.structured_writer.create_config({"x": ref["x"][-2:]}, table="t")
+        items = replay_tf.PatternDataset(steps, [config], True, lambda s: s["is_last"])
+        next_pair = tf.compat.v1.data.make_one_shot_iterator(pairs).get_next()["x"]
+        next_item = tf.compat.v1.data.make_one_shot_iterator(items).get_next()["x"]
         with tf.compat.v1.Session() as session:
-            assert [session.run(next_pair).tolist() for _ in range(4)] == [[0, 1], [1, 2], [2, 3], [3, 4]]
-            with pytest.raises(tf.errors.OutOfRangeError):
-                session.run(next_pair)
+            for next_element in (next_pair, next_item):
+                assert [session.run(next_element).tolist() for _ in range(4)] == [[0, 1], [1, 2], [2, 3], [3, 4]]
+                with pytest.raises(tf.errors.OutOfRangeError):
+                    session.run(next_element)
             assert session.run(lengths) == [5, 3]
 
 

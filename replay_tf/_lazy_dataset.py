@@ -7,15 +7,16 @@ runtime stays uninitialized (a later `tf.config.set_logical_device_configuration
 Python through `tf.data` functions, and tracing a function initializes the runtime. So in a TF1 graph
 (not eagerly, not inside a `tf.function`) the pipeline is built when its variant tensor is first needed
 (an iterator, or a transformation taking the dataset as input), in the graph the dataset was made in;
-eagerly and inside a `tf.function` it is built at once. A transformation applied in the graph (`map`,
-`TimestepDataset(...).batch`, ...) takes the variant tensor, so it builds the pipeline, and starts the
-runtime, then; `TrajectoryDataset.batch` returns a lazy dataset of its own.
+eagerly and inside a `tf.function` it is built at once. `batch` (with a Python int size) and `prefetch`
+return lazy datasets too; other transformations applied in the graph (`map`, `repeat`, ...) take the
+variant tensor, so they build the pipeline, and start the runtime, when applied.
 """
 from __future__ import annotations
 
 import abc
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
 
@@ -56,6 +57,28 @@ class LazyDatasetV1(tf.compat.v1.data.Dataset):
 
     def _inputs(self) -> list:
         return []
+
+    def batch(self, batch_size, drop_remainder=False, num_parallel_calls=None, deterministic=None, name=None):
+        """`tf.compat.v1.data.Dataset.batch`; lazy in a TF1 graph when `batch_size` is a Python int."""
+        def build():
+            return tf.compat.v1.data.Dataset.batch(self, batch_size, drop_remainder=drop_remainder,
+                                                   num_parallel_calls=num_parallel_calls,
+                                                   deterministic=deterministic, name=name)
+
+        if not in_tf1_graph() or not isinstance(batch_size, (int, np.integer)) or not isinstance(
+                drop_remainder, bool):
+            return build()
+        size = int(batch_size) if drop_remainder else None
+        return DatasetV1(build, tf.nest.map_structure(
+            lambda spec: tf.TensorSpec(tf.TensorShape([size]).concatenate(spec.shape), spec.dtype),
+            self.element_spec))
+
+    def prefetch(self, buffer_size, name=None):
+        """`tf.compat.v1.data.Dataset.prefetch`; lazy in a TF1 graph."""
+        def build():
+            return tf.compat.v1.data.Dataset.prefetch(self, buffer_size, name=name)
+
+        return DatasetV1(build, self.element_spec) if in_tf1_graph() else build()
 
     @property
     @abc.abstractmethod

@@ -248,7 +248,7 @@ with tf.Graph().as_default():
                                             shapes=(tf.TensorShape([1]),), max_in_flight_samples_per_worker=1)
     batches = trajectories.batch(2)
     timesteps = reverb.TimestepDataset("localhost:1", "q", dtypes=(tf.int64,), shapes=(tf.TensorShape([]),),
-                                       max_in_flight_samples_per_worker=1)
+                                       max_in_flight_samples_per_worker=1).batch(2).prefetch(1)
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 print(len(tf.config.list_logical_devices("CPU")))
@@ -266,8 +266,8 @@ def _graph_construction_devices(python: str, package: str) -> str:
 
 @pytest.mark.slow
 def test_building_datasets_in_a_graph_leaves_the_runtime_uninitialized():
-    # Virtual devices can only be configured before the runtime starts: building a dataset (and batching a
-    # TrajectoryDataset) in a TF1 graph must not start it.
+    # Virtual devices can only be configured before the runtime starts: building a dataset (and batching and
+    # prefetching it) in a TF1 graph must not start it.
     assert _graph_construction_devices(sys.executable, "replay_tf") == "2"
 
 
@@ -275,3 +275,24 @@ def test_building_datasets_in_a_graph_leaves_the_runtime_uninitialized():
 @pytest.mark.peer
 def test_building_reverb_datasets_in_a_graph_leaves_the_runtime_uninitialized(peer):
     assert _graph_construction_devices(peer.python, "reverb") == "2"
+
+
+@pytest.mark.parametrize("drop_remainder", [False, True])
+def test_lazy_batches_in_a_graph_have_the_specs_of_eager_ones(server, drop_remainder):
+    address = f"localhost:{server.port}"
+
+    def datasets():
+        return [reverb.TimestepDataset(address, "q", dtypes={"a": tf.int64, "b": tf.string},
+                                       shapes={"a": tf.TensorShape([2]), "b": tf.TensorShape([])},
+                                       max_in_flight_samples_per_worker=1),
+                reverb.TrajectoryDataset(address, "q", dtypes=(tf.float32,), shapes=(tf.TensorShape([3, 2]),),
+                                         max_in_flight_samples_per_worker=1)]
+
+    eager = [d.batch(4, drop_remainder=drop_remainder).prefetch(2).element_spec for d in datasets()]
+    with tf.Graph().as_default():
+        lazy = [d.batch(4, drop_remainder=drop_remainder).prefetch(2) for d in datasets()]
+        assert [d.element_spec for d in lazy] == eager
+        # (what the iterator yields: the built pipeline's structure, shapes and dtypes)
+        built = [tf.compat.v1.data.make_initializable_iterator(d).element_spec for d in lazy]
+        assert built == eager
+    assert eager[0].data["a"].shape.as_list() == [4 if drop_remainder else None, 2]

@@ -60,6 +60,11 @@ def table_argument(table):
     return dataset.reduce(tf.constant(0, tf.int64), lambda total, s: total + s.data[0])
 emit("constant_names", int(constant_names()))  # items 0 + 1
 emit("table_argument", int(table_argument(tf.constant("q"))))  # items 2 + 3 + 4
+@tf.function
+def address_argument(server_address):
+    dataset = reverb.TrajectoryDataset(server_address, "q", max_samples=1, **trajectory)
+    return dataset.reduce(tf.constant(0, tf.int64), lambda total, s: total + s.data[0][0])
+emit("address_argument", int(address_argument(tf.constant(address))))  # item 5
 emit("left", int(client.server_info()["q"].current_size))
 """,
     "tf1_graph_iterators": _SETUP + """
@@ -174,7 +179,8 @@ def test_local_scenarios(local_results):
     assert local_results["string_tensors_eagerly.trajectory"] == [[0], [1]]
     assert local_results["string_tensors_eagerly.timestep"] == [2, 3]
     assert local_results["string_tensors_in_tf_function.table_argument"] == 2 + 3 + 4
-    assert local_results["string_tensors_in_tf_function.left"] == 5
+    assert local_results["string_tensors_in_tf_function.address_argument"] == 5
+    assert local_results["string_tensors_in_tf_function.left"] == 4
     assert local_results["tf1_graph_iterators.batched"] == [[[2], [3]], [[4], [5]]]
     assert local_results["tf1_graph_iterators.fed"] == [6, 7]
     assert local_results["tf1_graph_iterators.mapped"] == [80, 90]

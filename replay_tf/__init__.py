@@ -3,57 +3,16 @@
 `import replay_tf as reverb` serves code written for dm-reverb; `replay_tf.TFUniformReplayBuffer` serves
 code written for `tf_agents.replay_buffers`.
 """
-# Each section re-exports one part of the package; keep one name per line and mirror it in __all__.
+# The public names load on first attribute access (PEP 562), all at once from replay_tf/_exports.py, so that
+# importing the package or one of its submodules (e.g. `replay_tf.cli`, whose --help must not wait for
+# TensorFlow) does not import TensorFlow. `from replay_tf import X`, `replay_tf.X`, `import *` and dir() work as if
+# the names were imported here.
+import importlib as _importlib
+import importlib.util as _importlib_util
+import typing as _typing
 
-# --- in-graph buffers (replay_tf/buffers) ---
-from replay_tf.buffers import BufferInfo
-from replay_tf.buffers import Episodes
-from replay_tf.buffers import EpisodicReplayBuffer
-from replay_tf.buffers import FrameBuffer
-from replay_tf.buffers import PrioritizedBufferInfo
-from replay_tf.buffers import PrioritizedReplayBuffer
-from replay_tf.buffers import PyHashedReplayBuffer
-from replay_tf.buffers import PyUniformReplayBuffer
-from replay_tf.buffers import ReplayBuffer
-from replay_tf.buffers import StatefulEpisodicReplayBuffer
-from replay_tf.buffers import TFUniformReplayBuffer
-from replay_tf.buffers import UniformReplayBuffer
-
-# --- replay server: tables, selectors, rate limiters, client, writers, datasets (replay_tf/core, ...) ---
-from replay_tf import checkpointers
-from replay_tf import item_selectors
-from replay_tf import pattern_dataset
-from replay_tf import rate_limiters
-from replay_tf import replay_sample
-from replay_tf import reverb_types
-from replay_tf import selectors
-from replay_tf import structured_writer
-from replay_tf import structured_writer as structured
-from replay_tf.client import Client
-from replay_tf.client import set_connection_options
-from replay_tf.errors import DeadlineExceededError
-from replay_tf.errors import ReverbError
-from replay_tf.legacy_writer import Writer
-from replay_tf.pattern_dataset import PatternDataset
-from replay_tf.server import Server
-from replay_tf.sharded import ShardedClient
-from replay_tf.tf_client import TFClient
-from replay_tf.timestep_dataset import TimestepDataset
-from replay_tf.core.table import Table
-from replay_tf.trajectory_dataset import ReplaySample
-from replay_tf.trajectory_dataset import SampleInfo
-from replay_tf.trajectory_dataset import TrajectoryDataset
-from replay_tf.trajectory_writer import TrajectoryColumn
-from replay_tf.trajectory_writer import TrajectoryWriter
-
-# --- dataset helpers (replay_tf/datasets.py) ---
-from replay_tf import datasets
-from replay_tf.datasets import make_reverb_dataset
-from replay_tf.datasets import make_reverb_fifo_sampler_dataset
-from replay_tf.datasets import make_reverb_rnn_sequence_fifo_sampler_dataset
-
-# --- `import reverb` for libraries that import Reverb themselves (replay_tf/reverb_alias.py) ---
-from replay_tf.reverb_alias import register_as_reverb
+if _typing.TYPE_CHECKING:
+    from replay_tf._exports import *  # noqa: F401,F403
 
 __all__ = [
     # --- in-graph buffers ---
@@ -103,3 +62,27 @@ __all__ = [
     # --- reverb alias ---
     "register_as_reverb",
 ]
+
+
+
+def __getattr__(name: str):
+    """Imports the submodule `name`, or loads every public name from replay_tf/_exports.py and returns one."""
+    if name.startswith("__"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    # A submodule loads alone: `from replay_tf import <submodule>` inside the package reaches here too, and
+    # loading every public name from there would re-enter modules that are still initializing.
+    if _importlib_util.find_spec(f"{__name__}.{name}") is not None:
+        return _importlib.import_module(f"{__name__}.{name}")
+    if name in __all__:
+        exports = _importlib.import_module(f"{__name__}._exports")  # imports TensorFlow
+        namespace = globals()
+        for public in __all__:
+            if public not in namespace and hasattr(exports, public):
+                namespace[public] = getattr(exports, public)
+        if name in namespace:
+            return namespace[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -2,38 +2,16 @@
 
 `import rlds_tf as rlds` works for code written against `rlds`.
 """
-from rlds_tf import metadata
-from rlds_tf import patterns
-from rlds_tf import recording
-from rlds_tf import tfds
-from rlds_tf import transformations
-from rlds_tf.loading import load
-from rlds_tf.loading import load_stacked
-from rlds_tf.loading import load_steps
-from rlds_tf.recording import EnvLogger
-from rlds_tf.recording import TFDSBackendWriter
-from rlds_tf.tfds import EpisodeWriter
-from rlds_tf.rlds_types import ACTION
-from rlds_tf.rlds_types import ALIGNMENT
-from rlds_tf.rlds_types import BatchedEpisode
-from rlds_tf.rlds_types import BatchedStep
-from rlds_tf.rlds_types import CORE_STEP_FIELDS
-from rlds_tf.rlds_types import DISCOUNT
-from rlds_tf.rlds_types import Episode
-from rlds_tf.rlds_types import EpisodeFilterFn
-from rlds_tf.rlds_types import IS_FIRST
-from rlds_tf.rlds_types import IS_LAST
-from rlds_tf.rlds_types import IS_TERMINAL
-from rlds_tf.rlds_types import OBSERVATION
-from rlds_tf.rlds_types import REWARD
-from rlds_tf.rlds_types import STEPS
-from rlds_tf.rlds_types import Step
-from rlds_tf.rlds_types import StepFilterFn
-from rlds_tf.rlds_types import StepMapFn
-from rlds_tf.rlds_types import StepsToStepsFn
-from rlds_tf.rlds_types import build_episode
-from rlds_tf.rlds_types import build_step
-from rlds_tf.rlds_types import is_valid_rlds_dataset
+# The public names load on first attribute access (PEP 562), all at once from rlds_tf/_exports.py, so that
+# importing the package or one of its submodules (e.g. `rlds_tf.cli`, whose --help must not wait for
+# TensorFlow) does not import TensorFlow. `from rlds_tf import X`, `rlds_tf.X`, `import *` and dir() work as if
+# the names were imported here.
+import importlib as _importlib
+import importlib.util as _importlib_util
+import typing as _typing
+
+if _typing.TYPE_CHECKING:
+    from rlds_tf._exports import *  # noqa: F401,F403
 
 __all__ = [
     "ACTION",
@@ -69,3 +47,27 @@ __all__ = [
     "tfds",
     "transformations",
 ]
+
+
+
+def __getattr__(name: str):
+    """Imports the submodule `name`, or loads every public name from rlds_tf/_exports.py and returns one."""
+    if name.startswith("__"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    # A submodule loads alone: `from rlds_tf import <submodule>` inside the package reaches here too, and
+    # loading every public name from there would re-enter modules that are still initializing.
+    if _importlib_util.find_spec(f"{__name__}.{name}") is not None:
+        return _importlib.import_module(f"{__name__}.{name}")
+    if name in __all__:
+        exports = _importlib.import_module(f"{__name__}._exports")  # imports TensorFlow
+        namespace = globals()
+        for public in __all__:
+            if public not in namespace and hasattr(exports, public):
+                namespace[public] = getattr(exports, public)
+        if name in namespace:
+            return namespace[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

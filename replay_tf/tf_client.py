@@ -31,10 +31,9 @@ class _InvalidArgument(tf.errors.InvalidArgumentError, ValueError):
 
 
 class _TypeMismatch(tf.errors.InvalidArgumentError, tf.errors.InternalError, ValueError):
-    """A sampled column whose dtype is not the requested one. dm-reverb's op raises InvalidArgumentError when
-    run eagerly and InternalError in a graph (the executor's output type check); run eagerly, this is both,
-    so either `except` catches it. In a graph TensorFlow turns it (a ValueError) into an
-    InvalidArgumentError: a Python function cannot raise an InternalError there."""
+    """A sampled column whose dtype is not the requested one, run eagerly. dm-reverb's op raises
+    InvalidArgumentError when run eagerly and InternalError in a graph (the executor's output type check);
+    this is both, so either `except` catches it. In a graph see `_type_mismatch_check`."""
 
     def __init__(self, message: str):
         tf.errors.OpError.__init__(self, None, None, message, tf.errors.INVALID_ARGUMENT)
@@ -77,6 +76,31 @@ def _type_name(dtype) -> str:
     return {tf.float16: "half", tf.float32: "float", tf.float64: "double"}.get(dtype, dtype.name)
 
 
+# The dtypes a sampled column may have, as `_type_mismatch_check` indexes them.
+_COLUMN_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int8, tf.int16, tf.int32, tf.int64,
+                  tf.uint8, tf.uint16, tf.uint32, tf.uint64, tf.bool, tf.string, tf.complex64, tf.complex128)
+
+
+def _type_mismatch_check(column: tf.Tensor, actual: tf.Tensor, expected: tf.DType) -> tf.Tensor:
+    """In a graph: fails, as dm-reverb's op does, with an InternalError ("Output 0 of type <actual> does not
+    match declared output type <expected>") when `column` (an int32 scalar) is 0, `actual` being the index
+    in `_COLUMN_DTYPES` of the sampled column's dtype; a Python function cannot raise an InternalError.
+
+    The error is TensorFlow's own output type check, reached by pushing a value of the sampled dtype on a
+    stack and popping it as `expected` (run eagerly the same pop raises "Type mismatch: actual ... vs.
+    expect ...", dm-reverb's eager text)."""
+    def pop_as_expected(dtype: tf.DType):
+        def pop():
+            stack = tf.raw_ops.StackV2(max_size=1, elem_type=dtype)
+            push = tf.raw_ops.StackPushV2(handle=stack, elem=tf.zeros([], dtype))
+            with tf.control_dependencies([push]):
+                return tf.raw_ops.StackPopV2(handle=stack, elem_type=expected)
+        return pop
+
+    return tf.cond(tf.equal(column, 0), lambda: tf.switch_case(actual, [pop_as_expected(d) for d in _COLUMN_DTYPES]),
+                   lambda: tf.zeros([], expected))
+
+
 class TFClient:
     """Client calls as TensorFlow ops: `sample`, `insert`, `update_priorities`.
 
@@ -106,13 +130,16 @@ class TFClient:
           InvalidArgumentError: an item whose columns are neither all squeezed nor of one length, or whose
             columns are not as many as `data_dtypes` (Reverb's "Number of tensors in the replay sample did
             not match the expected count").
-          InvalidArgumentError and InternalError (eagerly; InvalidArgumentError in a graph, see
-            `_TypeMismatch`): a column whose dtype is not in `data_dtypes` (Reverb's "Type mismatch: actual
-            ... vs. expect ...").
+          InternalError (in a graph) / InvalidArgumentError that is also an InternalError (eagerly): a
+            column whose dtype is not in `data_dtypes` (Reverb's "Output N of type ... does not match
+            declared output type ..." and "Type mismatch: actual ... vs. expect ...").
           NotFoundError: no such table (InvalidArgumentError in a graph).
         """
         flat_dtypes = [tf.as_dtype(d) for d in tree.flatten(data_dtypes)]
         numpy_dtypes = [d.as_numpy_dtype for d in flat_dtypes]
+        # In a graph a dtype mismatch is reported by an op after the Python function (see
+        # _type_mismatch_check): it returns (mismatched column or -1, index of its dtype) and placeholders.
+        in_graph = not tf.executing_eagerly()
 
         @tf.autograph.experimental.do_not_convert  # (a Python function, not a graph)
         def sample(table_name) -> list:
@@ -138,21 +165,35 @@ class TFClient:
                                            f"{[None if s else len(c) for s, c in zip(squeezed, columns)]} "
                                            f"(None: squeezed)")
                 columns = [column[0] for column in columns]  # the first timestep
+            mismatch = [np.int32(-1), np.int32(0)]
             for i, (column, dtype) in enumerate(zip(columns, numpy_dtypes)):
+                if column.dtype != dtype and in_graph and tf.as_dtype(column.dtype) in _COLUMN_DTYPES:
+                    mismatch = [np.int32(i), np.int32(_COLUMN_DTYPES.index(tf.as_dtype(column.dtype)))]
+                    columns = [np.array(b"", object) if d is object else np.zeros([], d) for d in numpy_dtypes]
+                    break
                 if column.dtype != dtype:
                     raise _TypeMismatch(f"Type mismatch: actual {_type_name(column.dtype)} vs. expect "
                                         f"{_type_name(dtype)}. (Sampled item of table '{table_name}' has column {i} "
                                         f"of dtype {column.dtype.name}, but data_dtypes expects "
                                         f"{np.dtype(dtype).name}.)")
-            return [np.uint64(item.key), np.float64(sampled.probability), np.int64(sampled.table_size),
-                    np.float64(sampled.priority), np.int32(sampled.times_sampled), *columns]
+            info = [np.uint64(item.key), np.float64(sampled.probability), np.int64(sampled.table_size),
+                    np.float64(sampled.priority), np.int32(sampled.times_sampled)]
+            return info + mismatch + columns if in_graph else info + columns
 
+        info_dtypes = [tf.uint64, tf.float64, tf.int64, tf.float64, tf.int32]
         with tf.name_scope(name or f"{self._name}_sample"):
-            out = tf.numpy_function(sample, [table], [tf.uint64, tf.float64, tf.int64, tf.float64, tf.int32,
-                                                      *flat_dtypes], stateful=True)
+            out = tf.numpy_function(sample, [table], info_dtypes + [tf.int32, tf.int32] * in_graph + flat_dtypes,
+                                    stateful=True)
+            if in_graph:
+                (column, actual), data = out[5:7], out[7:]
+                checks = [_type_mismatch_check(column - i, actual, d) for i, d in enumerate(flat_dtypes)]
+                with tf.control_dependencies(checks):
+                    data = [tf.identity(x) for x in data]
+            else:
+                data = out[5:]
         for tensor in out[:5]:
             tensor.set_shape([])
-        return ReplaySample(info=SampleInfo(*out[:5]), data=tree.unflatten_as(data_dtypes, list(out[5:])))
+        return ReplaySample(info=SampleInfo(*out[:5]), data=tree.unflatten_as(data_dtypes, list(data)))
 
     def insert(self, data: Sequence[tf.Tensor], tables: tf.Tensor, priorities: tf.Tensor,
                name: Optional[str] = None):

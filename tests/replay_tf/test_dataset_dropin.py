@@ -168,6 +168,24 @@ except Exception as e:
                    re.search(r"Number of tensors in the replay sample did not match the expected count\\. "
                              r"Got \\d+ but wanted \\d+", str(e)).group(0)])
 """,
+    "tf_client_dtype_mismatch_in_graphs": _SETUP + """
+import re
+tf_client = reverb.TFClient(address)
+def failure(run):
+    try:
+        run()
+        return "nothing raised"
+    except Exception as e:  # (Reverb's output index counts the info tensors; the dtypes are compared)
+        found = re.search(r"Output \\d+ of type (\\w+) does not match declared output type (\\w+)", str(e))
+        return [type(e).__name__, *(found.groups() if found else [str(e)])]
+for dtype in (tf.float32, tf.string, tf.int32):
+    emit(f"tf_function_{dtype.name}", failure(tf.function(lambda: tf_client.sample("dist", [dtype]))))
+with tf.Graph().as_default():
+    sample = reverb.TFClient(address).sample(tf.constant("dist"), [tf.float64])
+    with tf.compat.v1.Session() as session:
+        emit("session", failure(lambda: session.run(sample.data)))
+        emit("session_right_dtype", session.run(reverb.TFClient(address).sample("dist", [tf.int64]).data[0]).tolist())
+""",
 }
 
 peer_results, local_results, test_matches_reverb = reverb_testlib.differential_tests(SCENARIOS)
@@ -196,6 +214,9 @@ def test_local_scenarios(local_results):
         "InvalidArgumentError", "Inconsistent number of tensors received from table 'm'.  Specification has 1 "
         "tensors, but data coming from the table shows 2 tensors."]
     assert local_results["tf_client_string_tensors.again"] == [0, 4.0]
+    assert local_results["tf_client_dtype_mismatch_in_graphs.tf_function_float32"] == [
+        "InternalError", "int64", "float"]
+    assert local_results["tf_client_dtype_mismatch_in_graphs.session"] == ["InternalError", "int64", "double"]
     assert local_results["tf_client_dtype_mismatch_eagerly.raised"] == [True, "Type mismatch: actual int64 vs. expect float"]
 
 

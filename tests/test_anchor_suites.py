@@ -53,12 +53,6 @@ _PRIVATE = "calls a private member of the anchor's class or module, which replay
 EXCLUDED: dict[str, str] = {
     # --- private internals the anchors' tests reach into (not part of the API users port) ---
     "nested_ops_test.py::NestedOpsTest::test_map_episode": _PRIVATE + "rlds.transformations.nested_ops._map_episode",
-    "tf_uniform_replay_buffer_test.py::TFUniformReplayBufferTest::testClear": _PRIVATE + "_get_last_id",
-    "tf_uniform_replay_buffer_test.py::TFUniformReplayBufferTest::testClearAllVariables": _PRIVATE + "_clear",
-    "tf_uniform_replay_buffer_test.py::TFUniformReplayBufferTest::testMultiStepStackedBatchedSamplingBatchSizeOne":
-        _PRIVATE + "_get_next (TF-Agents' subclass hook, called directly)",
-    "tf_uniform_replay_buffer_test.py::TFUniformReplayBufferTest::testMultiStepStackedBatchedSamplingBatchSizeFive":
-        _PRIVATE + "_get_next (TF-Agents' subclass hook, called directly)",
     # --- documented differences ---
     **{f"py_replay_buffers_test.py::PyUniformReplayBufferTest::testEmptyBuffer{kind}{hashing}":
        "sampling an empty PyUniformReplayBuffer / PyHashedReplayBuffer raises ValueError (documented in "

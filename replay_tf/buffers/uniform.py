@@ -259,6 +259,35 @@ class UniformReplayBuffer(tf.Module):
         op = self._run("clear", lambda: _ring.clear(self._state))
         return None if tf.executing_eagerly() else op
 
+    # ----- TF-Agents' subclass hooks: its own tests, and subclasses of its buffer, call these directly -----
+    def _get_next(self, sample_batch_size=None, num_steps=None, time_stacked=True):
+        """TF-Agents' hook behind `get_next` (same arguments and results)."""
+        return self.get_next(sample_batch_size, num_steps, time_stacked)
+
+    def _clear(self, clear_all_variables: bool = False):
+        """TF-Agents' hook behind `clear`; `clear_all_variables=True` also zeroes the storage.
+
+        >>> rb = UniformReplayBuffer({"a": tf.TensorSpec([], tf.int32)}, batch_size=1, max_length=2)
+        >>> rb.add_batch({"a": tf.constant([7])})
+        >>> rb._clear(clear_all_variables=True)
+        >>> int(rb._get_last_id()), rb.variables()[0].numpy().tolist()
+        (-1, [0, 0])
+        """
+        def clear_all():
+            zeroed = [v.assign(tf.zeros_like(v)) for v in self._state.storage]
+            if self._state.episode_index is not None:
+                zeroed.append(self._state.episode_index.assign(tf.zeros_like(self._state.episode_index)))
+            with tf.control_dependencies(zeroed):
+                return _ring.clear(self._state)
+        if not clear_all_variables:
+            return self.clear()
+        op = self._run("clear_all_variables", clear_all)
+        return None if tf.executing_eagerly() else op
+
+    def _get_last_id(self) -> tf.Tensor:
+        """TF-Agents' hook: the logical id of the newest fully written step (int64; -1 when empty)."""
+        return self._run("last_id", lambda: tf.identity(self._state.last_id.read_value()))
+
     def num_frames(self) -> tf.Tensor:
         """Number of stored steps over all segments, int64: `min((last_id + 1) * batch_size, capacity)`."""
         return self._run("num_frames", lambda: tf.minimum((self._state.last_id.read_value() + 1)

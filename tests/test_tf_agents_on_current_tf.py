@@ -14,7 +14,7 @@ TF-Agents' `ReverbReplayBuffer` (`as_dataset` with `sample_batch_size`, `num_ste
 `ReverbTrajectorySequenceObserver`, and `rlds_to_reverb.push_rlds_to_reverb` on a recording made by
 `rlds_tf.EnvLogger`, with rlds 0.1.8 as its `rlds` and with rlds_tf registered as `rlds`. In the
 `in_process` run, rlds 0.1.8 (importing replay_tf as its `reverb`) is also compared with rlds_tf
-transformation by transformation (`rlds_checks.py`).
+transformation by transformation (`rlds_checks.py`), and the example of docs/tf_agents.md runs.
 
 Point `RL_DATA_TF_AGENTS_PYTHON` at the venv's interpreter; without it the tests skip, except under CI
 (`CI=true`), where a missing venv is an error.
@@ -174,7 +174,13 @@ def test_rlds_0_1_8_on_replay_tf_matches_rlds_tf(name, tf_agents_python, tmp_pat
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind, expected", [("in_process", ADAPTER_CHECKS + RLDS_CHECKS),
+@pytest.mark.timeout(2 * SCRIPT_TIMEOUT_S)
+def test_docs_example_runs(tf_agents_python, tmp_path_factory):
+    _assert_check(_report("in_process", tf_agents_python, tmp_path_factory), "docs_example")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind, expected", [("in_process", ADAPTER_CHECKS + RLDS_CHECKS + ["docs_example"]),
                                             ("serve", ADAPTER_CHECKS)])
 def test_every_check_is_listed(kind, expected, tf_agents_python, tmp_path_factory):
     assert sorted(_report(kind, tf_agents_python, tmp_path_factory)) == sorted(expected)

@@ -297,6 +297,20 @@ def check_rlds_to_reverb_with_rlds_tf(ctx: Context, data_dir: str):
     _check_rlds_to_reverb(ctx, rlds_tf, "rlds_via_rlds_tf", rlds_tf.load(data_dir, split="train"))
 
 
+def check_docs_example(ctx: Context):
+    """The example of docs/tf_agents.md (its first Python block) runs and prints what its comments say."""
+    import contextlib
+    import io
+    import pathlib
+    import re
+    text = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "tf_agents.md").read_text(encoding="utf-8")
+    code = re.search(r"```python\n(.*?)```", text, re.S).group(1)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code, "docs/tf_agents.md", "exec"), {"__name__": "docs_example"})  # noqa: S102
+    assert out.getvalue().splitlines() == ["items: 3", "(8, 2, 4) (8, 2)"], out.getvalue()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tables", required=True)
@@ -311,6 +325,8 @@ def main() -> int:
     checks = {name[len("check_"):]: fn for name, fn in globals().items() if name.startswith("check_")}
     calls = {name: (lambda fn=fn: fn(ctx, data_dir)) if "rlds" in name else (lambda fn=fn: fn(ctx))
              for name, fn in checks.items()}
+    if args.address is not None:
+        del calls["docs_example"]  # the example starts its own in-process server
     if args.rlds:
         import rlds_checks
         calls.update({name: (lambda fn=fn: fn(data_dir)) for name, fn in rlds_checks.CHECKS.items()})

@@ -24,7 +24,16 @@ def concatenate(steps1: tf.data.Dataset, steps2: tf.data.Dataset) -> tf.data.Dat
     [{'x': 1, 'y': 0.0}, {'x': 0, 'y': 2.0}]
     """
     spec1, spec2 = steps1.element_spec, steps2.element_spec
-    return steps1.map(lambda s: _fill_missing(s, spec2)).concatenate(steps2.map(lambda s: _fill_missing(s, spec1)))
+
+    # Named functions, not two lambdas on one line: AutoGraph cannot tell such lambdas apart in the source
+    # and logs a warning each time it converts them.
+    def fill_from_spec2(step):
+        return _fill_missing(step, spec2)
+
+    def fill_from_spec1(step):
+        return _fill_missing(step, spec1)
+
+    return steps1.map(fill_from_spec2).concatenate(steps2.map(fill_from_spec1))
 
 
 def concat_if_terminal(steps: tf.data.Dataset,

@@ -22,6 +22,7 @@ fi
 check='import os, importlib.util; os.environ["TF_USE_LEGACY_KERAS"] = "1"
 import tensorflow, tf_keras, tensorflow_probability, tf_agents.replay_buffers, gym, mock
 import portpicker, pytest, pytest_timeout, tree, dm_env, tensorflow_datasets, grpc, cramjam
+import ipykernel, nbclient, nbformat, matplotlib
 assert importlib.util.find_spec("rlds") is not None, "rlds is not installed"
 import numpy; assert tuple(map(int, numpy.__version__.split(".")[:2])) < (2, 3), numpy.__version__'
 if [ -x "$dir/bin/python" ] && "$dir/bin/python" -c "$check" >/dev/null 2>&1; then
@@ -44,9 +45,11 @@ tf_minor=$("$dir/bin/python" -c 'import tensorflow as tf; print(".".join(tf.__ve
 # TF-Agents' and its tests' own dependencies, at versions that work on current TF (Keras 2 via tf-keras of
 # TF's minor version; tensorflow-probability 0.24+ for TF >= 2.16).
 # numpy<2.3: TF-Agents' reverb_utils_test turns 1x1 samples into ints with int(), an error from NumPy 2.3 on
-# (deprecated since 1.25); TF accepts numpy>=1.26.
+# (deprecated since 1.25); TF accepts numpy>=1.26. ipykernel, nbclient, nbformat and matplotlib run
+# notebooks/006_tf_agents_on_current_tf.ipynb here (tests/test_tf_agents_training.py).
 "${pip[@]}" "tf-keras~=${tf_minor}.0" "tensorflow-probability[tf]>=0.24" gin-config cloudpickle absl-py wrapt \
-  pillow mock portpicker "gym==0.23.0" pygame tensorboard dm-tree "pytest>=7" pytest-timeout "numpy<2.3" >&2
+  pillow mock portpicker "gym==0.23.0" pygame tensorboard dm-tree "pytest>=7" pytest-timeout "numpy<2.3" \
+  ipykernel nbclient nbformat matplotlib >&2
 # --no-deps: tf-agents 0.19 pins tensorflow-probability~=0.23 and typing-extensions==4.5.0, and rlds 0.1.8
 # pulls dm-reverb; those pins target TF 2.15 and would downgrade or break the TF installed above. Their
 # wheels carry the unit tests the anchor-suite CI test runs, and their code runs on current TF as is.

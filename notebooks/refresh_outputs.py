@@ -5,6 +5,13 @@ Usage (from anywhere; a few minutes per notebook on a small machine):
     python notebooks/refresh_outputs.py                    # every notebooks/*.ipynb
     python notebooks/refresh_outputs.py notebooks/004_*.ipynb
 
+The kernel runs the interpreter that runs this script (jupyter_client starts the `python3` kernel spec's
+`python` as `sys.executable`), so a notebook that needs another environment is refreshed with that
+environment's Python, which needs nbclient, nbformat, ipykernel and matplotlib. 006 needs TF-Agents: run it
+with the venv `.ci/make_tf_agents_venv.sh` builds (it has those four):
+
+    ~/.cache/rl-data-tf-agents/bin/python notebooks/refresh_outputs.py notebooks/006_*.ipynb
+
 Each notebook runs top to bottom in a fresh kernel exactly as `tests/test_notebooks.py` runs it (both call
 `execute_notebook`): `RL_DATA_TF_NOTEBOOK_TEST=1` so the install cell installs nothing, the repository root
 first on `PYTHONPATH`, a temporary working directory, and matplotlib's inline backend, which draws each figure
@@ -17,6 +24,7 @@ where the results themselves changed.
 """
 import argparse
 import glob
+import importlib.util
 import os
 import re
 import sys
@@ -36,6 +44,9 @@ INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
 # or absl's notice that such lines go to stderr.
 _CPP_LOG_LINE = re.compile(r"^([IWEF]\d{4} \d\d:\d\d:\d+\.\d+ +\d+ [\w./-]+:\d+\] .*"
                            r"|WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR)$")
+# Notebooks that need a module beyond rl-data-tf's environment: file name -> module. Without it importable
+# here they are left out of the default run (and `tests/test_notebooks.py` skips running them).
+REQUIRED_MODULES = {"006_tf_agents_on_current_tf.ipynb": "tf_agents"}
 # Notebook-level metadata worth keeping; everything else is written by the kernel or the executing client.
 _KEPT_NOTEBOOK_METADATA = ("colab", "kernelspec")
 
@@ -43,6 +54,13 @@ _KEPT_NOTEBOOK_METADATA = ("colab", "kernelspec")
 def notebook_paths() -> List[str]:
     """Every notebook of this folder, sorted by name (the number prefix orders them)."""
     return sorted(glob.glob(os.path.join(NOTEBOOKS_DIR, "*.ipynb")))
+
+
+def missing_module(path: str) -> Optional[str]:
+    """The module the notebook at `path` needs (`REQUIRED_MODULES`) that this interpreter, and so the kernel
+    it starts, cannot import; None when there is none."""
+    module = REQUIRED_MODULES.get(os.path.basename(path))
+    return module if module is not None and importlib.util.find_spec(module) is None else None
 
 
 def kernel_environment(base: Optional[Dict[str, str]] = None) -> Dict[str, str]:
@@ -117,6 +135,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     for path in paths:
         if not path.endswith(".ipynb") or not os.path.isfile(path):
             parser.error(f"notebook {path!r} is not an existing .ipynb file: pass paths like notebooks/004_*.ipynb")
+    runnable = [path for path in paths if missing_module(path) is None]
+    for path in paths:
+        if path not in runnable:
+            message = (f"{os.path.relpath(path, REPO)} needs {missing_module(path)}, which {sys.executable} cannot "
+                       f"import: run this script with a Python that has it (see this script's docstring)")
+            if args.notebooks:
+                parser.error(message)
+            print(f"skipping {message}", file=sys.stderr)
+    paths = runnable
     for path in paths:
         print(f"executing {os.path.relpath(path, REPO)} ...", flush=True)
         try:

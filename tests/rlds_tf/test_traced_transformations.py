@@ -42,7 +42,7 @@ _NO_PYTHON_BOOL = r"OperatorNotAllowedInGraphError: .*(symbolic `tf.Tensor` as a
 _NUMPY_OF_SYMBOLIC = r"NotImplementedError: .*(Cannot convert a symbolic tf.Tensor|in user code)"
 # (case, context) -> the error rlds 0.1.8 / dm-reverb 0.14 raise there (matched against "Type: message").
 _PEER_FAILS = {
-    # `if cardinality != UNKNOWN_CARDINALITY:` on a symbolic tensor (AutoGraph leaves rlds' `if` alone).
+    # `if cardinality != UNKNOWN_CARDINALITY:` on a symbolic tensor (it raises under AutoGraph too).
     **{(name, context): _NO_PYTHON_BOOL for name in ("episode_length", "episode_length_unknown")
        for context in cases.TRACED_CONTEXTS},
     # `not step['is_last']` and `not stop_condition` need AutoGraph.

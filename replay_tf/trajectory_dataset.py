@@ -259,9 +259,9 @@ class TrajectoryDataset(_lazy_dataset.LazyDatasetV1):
         """The batches of `_generate_batches`; the address and table reach it as tensors, so that values
         known only when the dataset is iterated work."""
         def generate(server_address: bytes, table: bytes):
-            return _generator_exit.ending_at_exit(self._generate_batches(batch_size, drop_remainder,
-                                                          server_address=server_address.decode(),
-                                                          table=table.decode()))
+            batches = self._generate_batches(batch_size, drop_remainder, server_address=server_address.decode(),
+                                             table=table.decode())
+            return _generator_exit.ending_at_exit(batches)
 
         return tf.data.Dataset.from_generator(generate, output_signature=self._batch_specs(None),
                                               args=(self._server_address, self._table))

@@ -123,15 +123,17 @@ def trajectories(dtypes, shapes):
     return lambda: reverb.TrajectoryDataset(address, "m", dtypes, shapes, 1, max_samples=1)
 def insert():  # an item of one timestep: columns a [1, 2] int32, b [1] float64
     client.insert({"a": np.array([5, 5], np.int32), "b": np.float64(0.5)}, {"m": 1.0})
-emit("timestep_dtype", mismatch(timesteps({"a": tf.int64, "b": tf.float64}, {"a": tf.TensorShape([2]), "b": tf.TensorShape([])})))
+def shapes(a, b):
+    return {"a": tf.TensorShape(a), "b": tf.TensorShape(b)}
+emit("timestep_dtype", mismatch(timesteps({"a": tf.int64, "b": tf.float64}, shapes([2], []))))
 insert()
-emit("timestep_shape", mismatch(timesteps({"a": tf.int32, "b": tf.float64}, {"a": tf.TensorShape([3]), "b": tf.TensorShape([])})))
+emit("timestep_shape", mismatch(timesteps({"a": tf.int32, "b": tf.float64}, shapes([3], []))))
 insert()
-emit("timestep_float", mismatch(timesteps({"a": tf.int32, "b": tf.float32}, {"a": tf.TensorShape([2]), "b": tf.TensorShape([])})))
+emit("timestep_float", mismatch(timesteps({"a": tf.int32, "b": tf.float32}, shapes([2], []))))
 insert()
-emit("trajectory_shape", mismatch(trajectories({"a": tf.int32, "b": tf.float64}, {"a": tf.TensorShape([1, 3]), "b": tf.TensorShape([1])})))
+emit("trajectory_shape", mismatch(trajectories({"a": tf.int32, "b": tf.float64}, shapes([1, 3], [1]))))
 insert()
-emit("trajectory_dtype", mismatch(trajectories({"a": tf.int32, "b": tf.float32}, {"a": tf.TensorShape([1, 2]), "b": tf.TensorShape([1])})))
+emit("trajectory_dtype", mismatch(trajectories({"a": tf.int32, "b": tf.float32}, shapes([1, 2], [1]))))
 insert()
 emit("trajectory_count", mismatch(trajectories((tf.int32,), (tf.TensorShape([1, 2]),))))
 insert()
@@ -217,7 +219,8 @@ def test_local_scenarios(local_results):
     assert local_results["tf_client_dtype_mismatch_in_graphs.tf_function_float32"] == [
         "InternalError", "int64", "float"]
     assert local_results["tf_client_dtype_mismatch_in_graphs.session"] == ["InternalError", "int64", "double"]
-    assert local_results["tf_client_dtype_mismatch_eagerly.raised"] == [True, "Type mismatch: actual int64 vs. expect float"]
+    assert local_results["tf_client_dtype_mismatch_eagerly.raised"] == [
+        True, "Type mismatch: actual int64 vs. expect float"]
 
 
 @pytest.fixture(name="server")

@@ -15,6 +15,7 @@ stop the others. `--rlds` adds the checks of `rlds_checks.py` (rlds 0.1.8 itself
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
@@ -247,29 +248,38 @@ def check_update_priorities(ctx: Context):
 
 # --- rlds_to_reverb ----------------------------------------------------------------------------------
 
+@contextlib.contextmanager
 def _rlds_to_reverb_with(rlds_module):
-    """TF-Agents' rlds_to_reverb module, loaded afresh while `sys.modules['rlds']` is `rlds_module`."""
-    saved = sys.modules.get("rlds")
+    """TF-Agents' rlds_to_reverb module as imported while `sys.modules['rlds']` is `rlds_module`.
+
+    A fresh copy of the module, itself in `sys.modules` while the block runs (AutoGraph looks functions'
+    modules up there); both entries are restored afterwards.
+    """
+    name = "tf_agents.replay_buffers.rlds_to_reverb"
+    saved = {key: sys.modules.get(key) for key in ("rlds", name)}
     sys.modules["rlds"] = rlds_module
     try:
-        spec = importlib.util.find_spec("tf_agents.replay_buffers.rlds_to_reverb")
+        spec = importlib.util.find_spec(name)
         module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
         spec.loader.exec_module(module)
+        assert module.rlds is rlds_module, module.rlds
+        yield module
     finally:
-        if saved is None:
-            del sys.modules["rlds"]
-        else:
-            sys.modules["rlds"] = saved
-    assert module.rlds is rlds_module, module.rlds
-    return module
+        for key, value in saved.items():
+            if value is None:
+                sys.modules.pop(key, None)
+            else:
+                sys.modules[key] = value
 
 
 def _check_rlds_to_reverb(ctx: Context, rlds_module, table: str, episodes_dataset):
-    rlds_to_reverb = _rlds_to_reverb_with(rlds_module)
-    spec = rlds_to_reverb.create_trajectory_data_spec(episodes_dataset)
-    observer = reverb_utils.ReverbAddTrajectoryObserver(ctx.client, table, sequence_length=2, stride_length=1)
-    pushed = rlds_to_reverb.push_rlds_to_reverb(episodes_dataset, observer)
-    observer.close()
+    with _rlds_to_reverb_with(rlds_module) as rlds_to_reverb:
+        spec = rlds_to_reverb.create_trajectory_data_spec(episodes_dataset)
+        observer = reverb_utils.ReverbAddTrajectoryObserver(ctx.client, table, sequence_length=2,
+                                                            stride_length=1)
+        pushed = rlds_to_reverb.push_rlds_to_reverb(episodes_dataset, observer)
+        observer.close()
     expected_trajectories = recorded_episodes.expected_trajectories()
     assert pushed == len(expected_trajectories), pushed
     # Windows of 2 within each episode of trajectories (the observer restarts after each boundary).
@@ -299,7 +309,6 @@ def check_rlds_to_reverb_with_rlds_tf(ctx: Context, data_dir: str):
 
 def check_docs_example(ctx: Context):
     """The example of docs/tf_agents.md (its first Python block) runs and prints what its comments say."""
-    import contextlib
     import io
     import pathlib
     import re

@@ -55,6 +55,7 @@ from replay_tf.core import chunk_store as chunk_store_lib
 from replay_tf.core import table as table_lib
 from replay_tf.wire import _raw
 from replay_tf.wire import codec
+from replay_tf.wire import limits
 from replay_tf.wire import reverb_service_pb2
 from replay_tf.wire import schema_pb2
 
@@ -265,6 +266,9 @@ class ReverbServicer:
         self._chunk_heads: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
         self._trajectories_lock = threading.Lock()
         self._decoded_chunks = _stacking.DecodedChunks(_DECODED_CHUNK_BYTES)  # for stacked sample streams
+        # Refuses chunk tensors whose steps fit no column of the tables' signatures (None: a table has none).
+        self._step_check = limits.StepCheck.for_signatures(
+            table.info.signature for table in server.tables.values())
 
     # --- helpers ---
 
@@ -307,6 +311,8 @@ class ReverbServicer:
             context.abort(grpc.StatusCode.CANCELLED, str(e))
         except errors.UnavailableError as e:
             context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+        except limits.LimitExceededError as e:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
         except ValueError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         except grpc.RpcError:
@@ -407,10 +413,12 @@ class ReverbServicer:
 
     def _apply_insert_requests(self, request_iterator, context, state: _InsertStreamState) -> None:
         held: dict = {}  # chunk key -> (Chunk, step headers, rows, episode id): this stream's chunks no item owns yet
+        held_bytes = limits.HeldChunks()  # the bytes of the chunks in `held`
         confirmed: list = []  # keys inserted while applying the current request, confirmed together
         checked: set = set()  # (table, (dtype, shape) of each column) of this stream's items that matched
         try:
             for raw in request_iterator:
+                limits.check_insert_request(raw)  # (counted in the bytes: parsing would build them all)
                 request = _parse(reverb_service_pb2.InsertStreamRequest, raw)
                 chunk_protos, item_protos = request.chunks, request.items
                 if not chunk_protos and not item_protos:
@@ -427,16 +435,21 @@ class ReverbServicer:
                     # A chunk is kept as the bytes it arrived as (a slice of the request), not serialized again.
                     serialized = raw[ranges[index][0]:ranges[index][1]] if ranges else None
                     try:
-                        chunk, headers = codec.chunk_from_proto(chunk_proto, serialized, check_content=True)
+                        chunk, headers = codec.chunk_from_proto(chunk_proto, serialized, check_content=True,
+                                                                check_step=self._step_check)
+                    except codec.ChunkTooLargeError as e:
+                        raise _StatusError(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e)) from None
                     except codec.ChunkDecodeError as e:
                         raise _StatusError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
                     stored = self._chunk_store.insert(chunk)
                     if stored is not chunk:
                         headers = self._stored_headers(stored, chunk, headers)
+                    held_bytes.add(chunk.key, len(serialized) if serialized is not None else chunk_proto.ByteSize())
                     # Each tensor's header as (dtype, shape of one step); the chunk's rows and episode.
                     held[chunk.key] = (stored, [(dtype, shape[1:]) for dtype, shape in headers],
                                        stored.num_rows, stored.sequence_range.episode_id)
                 if not item_protos:
+                    held_bytes.check()
                     continue  # keep_chunk_keys only applies to requests with items
                 try:
                     for item_proto in item_protos:
@@ -450,11 +463,13 @@ class ReverbServicer:
                 keep = set(request.keep_chunk_keys)
                 for key in [k for k in held if k not in keep]:
                     del held[key]
+                    held_bytes.drop(key)
                 if len(held) != len(keep):
                     missing = sorted(keep - set(held))
                     raise _StatusError(grpc.StatusCode.FAILED_PRECONDITION,
                                        f"Kept less chunks than expected: keep_chunk_keys names chunks {missing} "
                                        f"that this stream never received")
+                held_bytes.check()
         finally:
             held.clear()  # chunks no item refers to are freed with the stream
 
@@ -718,36 +733,32 @@ class GrpcService:
         self._grpc_server.stop(grace_s).wait(timeout=10)
 
 
-_STREAM_METHODS = frozenset(("InsertStream", "SampleStream", "InitializeConnection"))
-
-
 class _TokenInterceptor(grpc.ServerInterceptor):
     """Refuses every call without `authorization: Bearer <token>` metadata with UNAUTHENTICATED.
 
     The token is compared in constant time (`hmac.compare_digest`), so its value cannot be guessed from
-    response times. Refused calls never reach the servicer.
+    response times. Refused calls never reach the servicer, and their request bodies are never read: every
+    refusal is served by a streaming handler that aborts at once (grpc reads, and buffers in full, the one
+    request of a unary handler before calling it, up to `max_message_bytes` from anyone).
     """
 
     def __init__(self, token: str):
         self._expected = f"Bearer {token}".encode()
 
         def refuse(details: str):
-            def handler(request, context):
+            def handler(request_iterator, context):  # (the requests are never read)
                 context.abort(grpc.StatusCode.UNAUTHENTICATED, details)
-            return handler
+            return grpc.stream_stream_rpc_method_handler(handler, request_deserializer=_identity,
+                                                         response_serializer=_identity)
 
-        self._refusals = {}
-        for reason, details in (
-                ("missing", "this replay server requires an auth token: send 'authorization: Bearer <token>' "
-                            "metadata (replay_tf.Client(address, auth_token=...), "
-                            "replay_tf.set_connection_options or REPLAY_TF_AUTH_TOKEN)"),
-                ("wrong", "the auth token sent in 'authorization' metadata is not this replay server's token")):
-            handler = refuse(details)
-            self._refusals[reason] = (
-                grpc.unary_unary_rpc_method_handler(handler, request_deserializer=_identity,
-                                                    response_serializer=_identity),
-                grpc.stream_stream_rpc_method_handler(handler, request_deserializer=_identity,
-                                                      response_serializer=_identity))
+        # The same streaming handler refuses unary methods too: the wire format of a call does not depend on
+        # it, and a unary call's client sees the status alone, as from a unary handler.
+        self._refusals = {
+            "missing": refuse("this replay server requires an auth token: send 'authorization: Bearer <token>' "
+                              "metadata (replay_tf.Client(address, auth_token=...), "
+                              "replay_tf.set_connection_options or REPLAY_TF_AUTH_TOKEN)"),
+            "wrong": refuse("the auth token sent in 'authorization' metadata is not this replay server's token"),
+        }
 
     def intercept_service(self, continuation, handler_call_details):
         sent = None
@@ -756,8 +767,7 @@ class _TokenInterceptor(grpc.ServerInterceptor):
                 sent = value.encode() if isinstance(value, str) else bytes(value)
         if sent is not None and hmac.compare_digest(sent, self._expected):
             return continuation(handler_call_details)
-        unary, stream = self._refusals["missing" if sent is None else "wrong"]
-        return stream if handler_call_details.method.rsplit("/", 1)[-1] in _STREAM_METHODS else unary
+        return self._refusals["missing" if sent is None else "wrong"]
 
 
 def _handler(servicer: ReverbServicer) -> grpc.GenericRpcHandler:

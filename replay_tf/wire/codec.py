@@ -25,7 +25,7 @@ from __future__ import annotations
 import functools
 import math
 import threading
-from typing import Any, NamedTuple, Optional, Sequence
+from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import cramjam
 import numpy as np
@@ -34,12 +34,14 @@ from replay_tf.core import chunk_store
 from replay_tf.core import rate_limiters as rate_limiters_lib
 from replay_tf.core import selectors as selectors_lib
 from replay_tf.core import table as table_lib
+from replay_tf.wire import limits
 from replay_tf.wire import schema_pb2
 from replay_tf.wire import _raw
 from rlds_tf import _structure_coder as structure_coder
 
 __all__ = [
     "ChunkDecodeError",
+    "ChunkTooLargeError",
     "PendingTensor",
     "chunk_from_proto",
     "chunk_to_proto",
@@ -77,6 +79,20 @@ _UNSIGNED_VIEW = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 class ChunkDecodeError(ValueError):
     """A chunk tensor cannot be decoded (bad compression, size or dtype)."""
+
+
+class ChunkTooLargeError(ChunkDecodeError):
+    """A chunk tensor would decompress to more than `limits.MAX_CHUNK_TENSOR_BYTES` (nothing was allocated)."""
+
+
+def _check_tensor_bytes(nbytes: int, dtype: np.dtype, shape: tuple, what: str) -> None:
+    """ChunkTooLargeError if a tensor of `nbytes` (its `dtype` and `shape`) is over the limit; `what` names it."""
+    limit = limits.MAX_CHUNK_TENSOR_BYTES
+    if nbytes > limit:
+        raise ChunkTooLargeError(
+            f"{what} of dtype {dtype.name} and shape {list(shape)} decompresses to {nbytes} bytes, over "
+            f"replay_tf.wire.limits.MAX_CHUNK_TENSOR_BYTES ({limit}): write its steps in more, shorter chunks "
+            f"(a smaller max_chunk_length), or raise the limit in the server's and the clients' processes")
 
 
 # --- dtypes ---
@@ -163,7 +179,7 @@ def decode_tensor(proto, *, delta_encoded: bool = False) -> np.ndarray:
       ChunkDecodeError: unsupported dtype, invalid Snappy data, or a size that contradicts the shape.
     """
     header = _HEADERS.get((proto.dtype, proto.tensor_shape.SerializeToString()))
-    if header is None:
+    if header is None or header[2] > limits.MAX_CHUNK_TENSOR_BYTES:
         return _decode_tensor(proto, delta_encoded)
     dtype, shape, expected, delta = header
     out = np.empty(shape, dtype=dtype)
@@ -203,7 +219,7 @@ def _pending_fields(dtype: int, shape: bytes, delta_encoded: bool) -> Optional[t
     """`(dtype, shape, nbytes, delta)` of a `PendingTensor` whose header (dtype enum, serialized
     `tensor_shape`) was seen before, else None; the delta encoding applies where the header allows it."""
     header = _HEADERS.get((dtype, shape))
-    if header is None:
+    if header is None or header[2] > limits.MAX_CHUNK_TENSOR_BYTES:
         return None
     return header[0], header[1], header[2], delta_encoded and header[3]
 
@@ -288,8 +304,17 @@ def _decode_tensor(proto, delta_encoded: bool) -> np.ndarray:
         out[:] = list(values)
         return out.reshape(shape)
     header = _numeric_header(dtype, shape)
-    _remember_header((proto.dtype, proto.tensor_shape.SerializeToString()), header)
     _, _, expected, delta = header
+    _remember_header((proto.dtype, proto.tensor_shape.SerializeToString()), header)
+    # Checked before anything is allocated: the Snappy header declares the size, the shape must agree.
+    try:
+        declared = cramjam.snappy.decompress_raw_len(proto.tensor_content)
+    except Exception:  # noqa: BLE001  (cramjam's own DecompressionError: _decode_into names it)
+        declared = expected
+    if declared != expected:
+        raise ChunkDecodeError(f"chunk tensor of dtype {dtype.name} and shape {list(shape)} needs {expected} "
+                               f"bytes, its content decompresses to {declared}")
+    _check_tensor_bytes(expected, dtype, shape, "chunk tensor")
     out = np.empty(shape, dtype=dtype)
     _decode_into(proto.tensor_content, out, expected, delta_encoded and delta)
     return out
@@ -405,7 +430,8 @@ def _decode_serialized(serialized: bytes) -> list:
 
 
 def chunk_from_proto(proto: schema_pb2.ChunkData, serialized: Optional[bytes] = None, *,
-                     check_content: bool = False) -> tuple[chunk_store.Chunk, list]:
+                     check_content: bool = False, check_step: Optional[Callable] = None
+                     ) -> tuple[chunk_store.Chunk, list]:
     """A core chunk decoded lazily from `proto`, keeping the serialized form to send it again as is.
 
     The chunk's `encoded` slot holds `serialized` (or `proto` serialized); its tensors are decoded on
@@ -413,7 +439,10 @@ def chunk_from_proto(proto: schema_pb2.ChunkData, serialized: Optional[bytes] = 
     contradict the sequence range, or an empty chunk. With `check_content` (a server receiving or
     restoring a chunk) every tensor's content is also decoded in full once and dropped: a Snappy body
     that ends early or is corrupt, or a string list whose lengths do not add up, is a ChunkDecodeError
-    now, instead of failing every reader of the chunk later.
+    now, instead of failing every reader of the chunk later. Before any content is decompressed, every
+    tensor's size (its shape's, which its Snappy header must declare) is checked against
+    `limits.MAX_CHUNK_TENSOR_BYTES` (ChunkTooLargeError), and `check_step(chunk_key, index, dtype, shape)`,
+    if given, is called with each tensor's header (it raises ValueError to refuse the chunk).
 
     Returns:
       `(chunk, headers)` with `headers[i] = (numpy dtype, shape)` of tensor `i`, for signature checks
@@ -428,9 +457,14 @@ def chunk_from_proto(proto: schema_pb2.ChunkData, serialized: Optional[bytes] = 
     if rows < 1:
         raise ChunkDecodeError(f"chunk {proto.chunk_key} has an empty sequence range "
                                f"[{sequence_range.start}, {sequence_range.end}]")
-    headers = _seen_headers(serialized, rows, check_content) if serialized is not None else None
+    headers = None
+    if serialized is not None:
+        headers = _seen_headers(proto.chunk_key, serialized, rows, check_content, check_step)
     if headers is None:
         headers = _checked_headers(proto, tensors, sequence_range, rows)
+        if check_step is not None:
+            for index, (dtype, shape) in enumerate(headers):
+                check_step(proto.chunk_key, index, dtype, shape)
         if serialized is None:
             serialized = proto.SerializeToString()
         if check_content:
@@ -498,20 +532,25 @@ def _checked_headers(proto: schema_pb2.ChunkData, tensors, sequence_range: chunk
     return headers
 
 
-def _seen_headers(serialized: bytes, rows: int, check_content: bool = False) -> Optional[list]:
+def _seen_headers(chunk_key: int, serialized: bytes, rows: int, check_content: bool = False,
+                  check_step: Optional[Callable] = None) -> Optional[list]:
     """The headers `chunk_from_proto` checks, read from the serialized chunk when every tensor is numeric
     with a header seen before and passes the checks (nothing is copied: protobuf would copy each
-    `tensor_content` to be read), each content decompressed in full when `check_content`; None otherwise,
-    for the checks on the parsed chunk to run (and name what is wrong)."""
+    `tensor_content` to be read), each content decompressed in full when `check_content` (after
+    `check_step` accepted its header); None otherwise, for the checks on the parsed chunk to run (and name
+    what is wrong)."""
     fields = _raw.chunk_tensor_fields(serialized)
     if not fields:
         return None
     view = memoryview(serialized)
     headers = []
-    for dtype, shape, (start, end) in fields:
+    limit = limits.MAX_CHUNK_TENSOR_BYTES
+    for index, (dtype, shape, (start, end)) in enumerate(fields):
         header = _HEADERS.get((dtype, shape))
-        if header is None or not header[1] or header[1][0] != rows:
+        if header is None or not header[1] or header[1][0] != rows or header[2] > limit:
             return None
+        if check_step is not None:
+            check_step(chunk_key, index, header[0], header[1])
         try:
             if check_content:
                 size = _decompress_raw_into(view[start:end], _scratch_buffer(header[2]))
@@ -527,7 +566,8 @@ def _seen_headers(serialized: bytes, rows: int, check_content: bool = False) -> 
 
 def _check_content_size(chunk_key: int, index: int, tensor, dtype: np.dtype, shape: tuple) -> None:
     """ChunkDecodeError unless the shape has no negative dim and, for non-string tensors, the size that the
-    Snappy header of `tensor_content` announces is the shape's byte size (the header is read, not the data)."""
+    Snappy header of `tensor_content` announces is the shape's byte size (the header is read, not the data)
+    and within `limits.MAX_CHUNK_TENSOR_BYTES` (ChunkTooLargeError)."""
     if any(size < 0 for size in shape):
         raise ChunkDecodeError(f"chunk {chunk_key}: tensor {index} has a negative dimension: shape {list(shape)}")
     if dtype.kind == "O":
@@ -541,6 +581,7 @@ def _check_content_size(chunk_key: int, index: int, tensor, dtype: np.dtype, sha
     if size != expected:
         raise ChunkDecodeError(f"chunk {chunk_key}: tensor {index} of dtype {dtype.name} and shape {list(shape)} "
                                f"needs {expected} bytes, its content announces {size}")
+    _check_tensor_bytes(expected, dtype, shape, f"chunk {chunk_key}: tensor {index}")
 
 
 def serialized_chunk(chunk: chunk_store.Chunk) -> bytes:

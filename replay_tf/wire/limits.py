@@ -1,0 +1,218 @@
+"""Limits on what one client can make a replay server (or a sampling client) hold in memory.
+
+`max_message_bytes` bounds the bytes of one message, not what they turn into: tiny chunks cost ~1 KiB of
+Python objects each, slices ~100 bytes, and 48 MiB of valid Snappy data may declare 1 GiB. These limits
+bound each of those. They are read when used, so a process may change them (e.g. for a table of unusually
+large steps: `replay_tf.wire.limits.MAX_CHUNK_TENSOR_BYTES = 1 << 30` before the server or client runs).
+
+The defaults leave wide margins for real workloads: an Atari chunk of 1,000 steps of 84x84x4 uint8 frames
+holds 28 MB per tensor; an item of 1,000 steps over 50 columns, one chunk per step, has 50,000 slices; a
+dm-reverb writer sends at most ~40 MiB of chunks ahead of the item that uses them.
+
+A request over a limit ends its stream with RESOURCE_EXHAUSTED (INVALID_ARGUMENT for a tensor that no
+table's signature allows) and a message naming the limit and the value got; nothing is decompressed or
+kept first.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+#: Chunks one `InsertStreamRequest` may carry (counted in the request's bytes, before it is parsed).
+MAX_CHUNKS_PER_REQUEST = 1 << 16
+
+#: Chunk slices (over every column of every item) one `InsertStreamRequest` may carry (counted before parsing).
+MAX_SLICES_PER_REQUEST = 1 << 20
+
+#: Bytes one chunk tensor may decompress to (its Snappy header and its shape are read first; nothing larger
+#: is allocated, on the server receiving it or on a client sampling it).
+MAX_CHUNK_TENSOR_BYTES = 256 << 20
+
+#: Bytes of chunks one insert stream may hold for later items (those of chunk-only requests, and those kept by
+#: `keep_chunk_keys`), each counted as its serialized size plus `HELD_CHUNK_OVERHEAD_BYTES`; checked after
+#: every request.
+MAX_HELD_CHUNK_BYTES_PER_STREAM = 256 << 20
+
+#: What a held chunk costs beyond its bytes (its Python objects and the stream's records of it).
+HELD_CHUNK_OVERHEAD_BYTES = 1 << 10
+
+
+class LimitExceededError(ValueError):
+    """A request is over one of this module's limits (the server answers RESOURCE_EXHAUSTED)."""
+
+
+_CHUNKS_TAG = 0x0A          # InsertStreamRequest.chunks = 1, length-delimited
+_ITEMS_TAG = 0x12           # InsertStreamRequest.items = 2
+_TRAJECTORY_TAG = 0x42      # PrioritizedItem.flat_trajectory = 8
+_REPEATED_TAG = 0x0A        # FlatTrajectory.columns = 1 and Column.chunk_slices = 1
+_MIN_SLICE_BYTES = 2        # a chunk slice costs at least its tag and its length on the wire
+
+
+def check_insert_request(raw: bytes) -> None:
+    """LimitExceededError if the serialized `InsertStreamRequest` `raw` carries more chunks than
+    `MAX_CHUNKS_PER_REQUEST` or more chunk slices than `MAX_SLICES_PER_REQUEST`, counted in its bytes before
+    it is parsed (parsing turns every one into objects). Slices are counted one by one only when the items'
+    bytes could hold more than the limit. Bytes this walk cannot read are left to the parser to refuse."""
+    max_chunks, max_slices = MAX_CHUNKS_PER_REQUEST, MAX_SLICES_PER_REQUEST
+    chunks = 0
+    items = []  # (start, end) of each item
+    item_bytes = 0
+    for tag, start, end in _fields(raw, 0, len(raw)):
+        if tag == _CHUNKS_TAG:
+            chunks += 1
+            if chunks > max_chunks:
+                raise LimitExceededError(
+                    f"InsertStreamRequest carries more than replay_tf.wire.limits.MAX_CHUNKS_PER_REQUEST "
+                    f"({max_chunks}) chunks: send them over several requests (with the items that use them), "
+                    f"or raise the limit in the server's process")
+        elif tag == _ITEMS_TAG:
+            items.append((start, end))
+            item_bytes += end - start
+    if item_bytes // _MIN_SLICE_BYTES <= max_slices:
+        return
+    slices = 0
+    for item_start, item_end in items:
+        for tag, start, end in _fields(raw, item_start, item_end):
+            if tag != _TRAJECTORY_TAG:
+                continue
+            for column_tag, column_start, column_end in _fields(raw, start, end):
+                if column_tag != _REPEATED_TAG:
+                    continue
+                for slice_tag, _, _ in _fields(raw, column_start, column_end):
+                    slices += slice_tag == _REPEATED_TAG
+                if slices > max_slices:
+                    raise LimitExceededError(
+                        f"InsertStreamRequest carries more than replay_tf.wire.limits.MAX_SLICES_PER_REQUEST "
+                        f"({max_slices}) chunk slices in its items' trajectories: send fewer items per request, "
+                        f"items that use fewer and longer chunks, or raise the limit in the server's process")
+
+
+def _fields(buffer: bytes, pos: int, end: int):
+    """`(tag, start, end)` of each length-delimited field of the message in `buffer[pos:end]` (other fields are
+    skipped); stops quietly at bytes it cannot read. Every step moves forward, so the walk always ends."""
+    while pos < end:
+        tag, pos = _varint(buffer, pos, end)
+        if pos < 0:
+            return
+        wire_type = tag & 7
+        if wire_type == 2:
+            size, pos = _varint(buffer, pos, end)
+            if pos < 0 or pos + size > end:
+                return
+            yield tag, pos, pos + size
+            pos += size
+        elif wire_type == 0:
+            _, pos = _varint(buffer, pos, end)
+            if pos < 0:
+                return
+        elif wire_type == 1:
+            pos += 8
+        elif wire_type == 5:
+            pos += 4
+        else:
+            return
+
+
+def _varint(buffer: bytes, pos: int, end: int) -> tuple:
+    """`(value, position after it)` of the varint at `buffer[pos]`, or `(0, -1)` when none ends before `end`."""
+    value = shift = 0
+    while pos < end and shift < 64:
+        byte = buffer[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, pos
+        shift += 7
+    return 0, -1
+
+
+class HeldChunks:
+    """The bytes of the chunks an insert stream holds for items to come (received, or named by the last
+    request's `keep_chunk_keys`), bounded by `MAX_HELD_CHUNK_BYTES_PER_STREAM`. A writer keeps only the chunks
+    of its keep-alive window; a stream that sends chunks without the items that use them, or keeps every
+    chunk it ever sent, reaches the limit."""
+
+    def __init__(self):
+        self._sizes: dict = {}  # chunk key -> counted bytes
+        self.nbytes = 0
+
+    def add(self, key: int, size: int) -> None:
+        """Counts a chunk of `size` serialized bytes that the stream now holds."""
+        size += HELD_CHUNK_OVERHEAD_BYTES
+        self.nbytes += size - self._sizes.get(key, 0)
+        self._sizes[key] = size
+
+    def drop(self, key: int) -> None:
+        """Forgets a chunk the stream let go."""
+        self.nbytes -= self._sizes.pop(key, 0)
+
+    def check(self) -> None:
+        """LimitExceededError if the stream holds more than the limit (checked after each request: one
+        request's chunks may wait for its own items)."""
+        limit = MAX_HELD_CHUNK_BYTES_PER_STREAM
+        if self.nbytes > limit:
+            raise LimitExceededError(
+                f"InsertStream holds {self.nbytes} bytes in {len(self._sizes)} chunks for items to come (each "
+                f"counted with {HELD_CHUNK_OVERHEAD_BYTES} bytes of overhead), over "
+                f"replay_tf.wire.limits.MAX_HELD_CHUNK_BYTES_PER_STREAM ({limit}): send items with the chunks "
+                f"they use and keep only the chunks later items need, or raise the limit in the server's process")
+
+
+class StepCheck:
+    """Refuses, before anything is decompressed, a chunk tensor whose steps fit no column of the tables'
+    signatures: its dtype must be a column's, and its step shape (the shape without the leading rows)
+    compatible with the column's shape (a squeezed column, or a length-1 step sent unsqueezed) or with it
+    without its leading dimension (a column of several steps). Built only when every table has a signature
+    (`for_signatures` returns None otherwise: a table without one accepts any chunk)."""
+
+    def __init__(self, columns: dict):
+        self._columns = columns  # numpy dtype -> set of step shapes (tuples, None for an unknown dim; None: any)
+        self._seen: dict = {}    # (dtype, step shape) -> allowed, bounded
+
+    @classmethod
+    def for_signatures(cls, signatures) -> Optional[StepCheck]:
+        """The check for tables whose signatures (nests of `tf.TensorSpec`) are `signatures`; None if one
+        of them is None or there are none."""
+        import numpy as np  # noqa: PLC0415
+        import tensorflow as tf  # noqa: PLC0415  (signatures are TensorSpecs: TensorFlow is loaded)
+        signatures = list(signatures)
+        if not signatures or any(signature is None for signature in signatures):
+            return None
+        columns: dict = {}
+        for signature in signatures:
+            for spec in tf.nest.flatten(signature):
+                dtype = np.dtype(tf.as_dtype(spec.dtype).as_numpy_dtype)
+                shapes = columns.setdefault(dtype, set())
+                if shapes is None:
+                    continue
+                dims = spec.shape.as_list() if spec.shape.rank is not None else None
+                if dims is None:
+                    columns[dtype] = None  # any shape of this dtype
+                    continue
+                shapes.add(tuple(dims))
+                if dims:
+                    shapes.add(tuple(dims[1:]))
+        return cls(columns)
+
+    def __call__(self, chunk_key: int, index: int, dtype, shape: tuple) -> None:
+        """ValueError unless a tensor of `dtype` and `shape` (rows first) fits a column."""
+        step = tuple(shape[1:])
+        key = (dtype, step)
+        allowed = self._seen.get(key)
+        if allowed is None:
+            allowed = self._allows(dtype, step)
+            if len(self._seen) < 4096:
+                self._seen[key] = allowed
+        if not allowed:
+            known = sorted(f"{d.name}{list(s)}" for d, shapes in self._columns.items() for s in (shapes or ()))
+            raise ValueError(
+                f"chunk {chunk_key}: tensor {index} holds steps of dtype {dtype.name} and shape {list(step)}, "
+                f"which fit no column of the tables' signatures (steps of {', '.join(known[:16])}): a chunk "
+                f"tensor holds the steps of one signature column")
+
+    def _allows(self, dtype, step: tuple) -> bool:
+        if dtype not in self._columns:
+            return False
+        shapes = self._columns[dtype]
+        if shapes is None:
+            return True
+        return any(len(s) == len(step) and all(d is None or d == g for d, g in zip(s, step)) for s in shapes)

@@ -16,11 +16,15 @@ TF-Agents' `ReverbReplayBuffer` (`as_dataset` with `sample_batch_size`, `num_ste
 `in_process` run, rlds 0.1.8 (importing replay_tf as its `reverb`) is also compared with rlds_tf
 transformation by transformation (`rlds_checks.py`), and the example of docs/tf_agents.md runs.
 
-Point `RL_DATA_TF_AGENTS_PYTHON` at the venv's interpreter; without it the tests skip, except under CI
-(`CI=true`), where a missing venv is an error.
+The adapter checks (all but the rlds_tf one) also run on dm-reverb 0.14, TF-Agents 0.19 and rlds 0.1.8 in
+the peer venv (TF 2.15), on a recording made here: their expected values are the anchors' behaviour.
+
+Point `RL_DATA_TF_AGENTS_PYTHON` at the venv's interpreter (and `RL_DATA_PEER_PYTHON` at the peer's);
+without it the tests skip, except under CI (`CI=true`), where a missing venv is an error.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import pathlib
@@ -32,6 +36,7 @@ import threading
 import pytest
 
 import anchor_suites_testlib
+import peer_testlib
 
 SCRIPTS = pathlib.Path(__file__).resolve().parent / "tf_agents_scripts"
 REPO_ROOT = anchor_suites_testlib.REPO_ROOT
@@ -184,6 +189,48 @@ def test_docs_example_runs(tf_agents_python, tmp_path_factory):
                                             ("serve", ADAPTER_CHECKS)])
 def test_every_check_is_listed(kind, expected, tf_agents_python, tmp_path_factory):
     assert sorted(_report(kind, tf_agents_python, tmp_path_factory)) == sorted(expected)
+
+
+# The same checks on dm-reverb 0.14, TF-Agents 0.19 and rlds 0.1.8 in the peer venv (TF 2.15): the values
+# they expect are the anchors' behaviour. The peer has no rl-data-tf, so the recording is made here.
+PEER_CHECKS = [name for name in ADAPTER_CHECKS if name != "rlds_to_reverb_with_rlds_tf"]
+_peer_report: dict = {}
+
+
+def _recorded_episodes_module():
+    spec = importlib.util.spec_from_file_location("recorded_episodes", SCRIPTS / "recorded_episodes.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_checks_on_dm_reverb(python: str, work_dir: pathlib.Path) -> dict:
+    recording = work_dir / "recording"
+    recording.mkdir()
+    _recorded_episodes_module().record(str(recording))
+    report = work_dir / "report-dm-reverb.json"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTEST_ADDOPTS", "TF_USE_LEGACY_KERAS")}
+    env.update(PYTHONPATH=str(SCRIPTS), RL_DATA_CHECKS_ON_DM_REVERB="1", TF_CPP_MIN_LOG_LEVEL="2",
+               PYTHONDONTWRITEBYTECODE="1", CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run([python, str(SCRIPTS / "reverb_adapters.py"), "--tables", str(SCRIPTS / "tables.json"),
+                           "--report", str(report), "--recording", str(recording)],
+                          cwd=work_dir, env=env, capture_output=True, text=True, timeout=SCRIPT_TIMEOUT_S)
+    if proc.returncode != 0 or not report.exists():
+        raise RuntimeError(f"the checks' script failed on dm-reverb (exit {proc.returncode}):\n"
+                           f"{(proc.stdout + proc.stderr)[-6000:]}")
+    return json.loads(report.read_text())
+
+
+@pytest.mark.peer
+@pytest.mark.slow
+@pytest.mark.timeout(2 * SCRIPT_TIMEOUT_S)
+@pytest.mark.parametrize("name", PEER_CHECKS)
+def test_checks_hold_on_dm_reverb(name, tmp_path_factory):
+    peer = peer_testlib.get_peer_or_skip()
+    if not _peer_report:
+        _peer_report.update(run_checks_on_dm_reverb(peer.python, tmp_path_factory.mktemp("dm-reverb")))
+    assert sorted(_peer_report) == sorted(PEER_CHECKS)
+    _assert_check(_peer_report, name)
 
 
 def test_serve_config_inlines_the_shared_signature(tmp_path):

@@ -11,6 +11,8 @@ in-process `reverb.Server`; with it, the script talks to a server already servin
 TF-Agents' `ReverbReplayBuffer`, and compares with values computed by hand from what was written. Each
 check's outcome goes into the JSON report (`{name: {"ok": bool, "error": str}}`); one failing check does not
 stop the others. `--rlds` adds the checks of `rlds_checks.py` (rlds 0.1.8 itself against rlds_tf).
+With RL_DATA_CHECKS_ON_DM_REVERB=1 (in the peer venv) the checks that need no rl-data-tf run on dm-reverb
+itself, on a recording given with `--recording`.
 """
 from __future__ import annotations
 
@@ -23,11 +25,14 @@ import sys
 import tempfile
 import traceback
 
-os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+# RL_DATA_CHECKS_ON_DM_REVERB=1: run the checks on dm-reverb itself (the peer venv: TF 2.15), which shows
+# that their hand-computed expectations are the anchors' behaviour.
+ON_DM_REVERB = os.environ.get("RL_DATA_CHECKS_ON_DM_REVERB") == "1"
+if not ON_DM_REVERB:
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    import replay_tf
 
-import replay_tf  # noqa: E402
-
-replay_tf.register_as_reverb()  # before TF-Agents (or rlds) first touches `reverb`
+    replay_tf.register_as_reverb()  # before TF-Agents (or rlds) first touches `reverb`
 
 import numpy as np  # noqa: E402
 import reverb  # noqa: E402
@@ -296,7 +301,8 @@ def check_rlds_to_reverb_with_rlds(ctx: Context, data_dir: str):
     """rlds_to_reverb with rlds 0.1.8 as its `rlds` (imported on replay_tf), on our recording read by TFDS."""
     import rlds
     import tensorflow_datasets as tfds
-    assert rlds.transformations.pattern.reverb is replay_tf
+    if not ON_DM_REVERB:
+        assert rlds.transformations.pattern.reverb is replay_tf
     episodes_dataset = tfds.builder_from_directory(data_dir).as_dataset(split="train")
     _check_rlds_to_reverb(ctx, rlds, "rlds_via_rlds", episodes_dataset)
 
@@ -327,14 +333,21 @@ def main() -> int:
     parser.add_argument("--address", default=None)
     parser.add_argument("--rlds", action="store_true", help="also compare rlds 0.1.8 with rlds_tf")
     parser.add_argument("--only", nargs="*", default=None, help="run only these checks")
+    parser.add_argument("--recording", default=None,
+                        help="a recording of recorded_episodes.record (default: made here with rlds_tf)")
     args = parser.parse_args()
     ctx = Context(args.tables, args.address)
-    data_dir = tempfile.mkdtemp(prefix="recorded-")
-    recorded_episodes.record(data_dir)
+    data_dir = args.recording
+    if data_dir is None:
+        data_dir = tempfile.mkdtemp(prefix="recorded-")
+        recorded_episodes.record(data_dir)
     checks = {name[len("check_"):]: fn for name, fn in globals().items() if name.startswith("check_")}
+    if ON_DM_REVERB:  # no rlds_tf or replay_tf there
+        checks = {name: fn for name, fn in checks.items() if name not in ("rlds_to_reverb_with_rlds_tf",
+                                                                            "docs_example")}
     calls = {name: (lambda fn=fn: fn(ctx, data_dir)) if "rlds" in name else (lambda fn=fn: fn(ctx))
              for name, fn in checks.items()}
-    if args.address is not None:
+    if args.address is not None and "docs_example" in calls:
         del calls["docs_example"]  # the example starts its own in-process server
     if args.rlds:
         import rlds_checks

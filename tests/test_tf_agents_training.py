@@ -21,6 +21,7 @@ Point `RL_DATA_TF_AGENTS_PYTHON` at the venv's interpreter; without it the tests
 """
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -262,3 +263,42 @@ def test_refresh_outputs_leaves_out_a_notebook_whose_module_is_missing(monkeypat
         refresh_outputs.main([str(NOTEBOOK)])
     assert raised.value.code == 2
     assert "run this script with a Python that has it" in capsys.readouterr().err
+
+
+def test_notebook_006_tf_agents_install_cell(monkeypatch):
+    """006's second cell installs TF-Agents 0.19 the way that works on current TF (its dependencies at
+    versions for the installed TensorFlow, then tf-agents without its TF-2.15-era pins), and nothing when
+    tf_agents is importable or under the notebook tests."""
+    nbformat = pytest.importorskip("nbformat")
+    transformer = pytest.importorskip("IPython.core.inputtransformer2")
+    source = nbformat.read(NOTEBOOK, as_version=4).cells[2].source
+    code = compile(transformer.TransformerManager().transform_cell(source), "006[2]", "exec")
+
+    class RecordingShell:
+        def __init__(self, namespace):
+            self.namespace, self.magics = namespace, []
+
+        def run_line_magic(self, name, line):
+            self.magics.append((name, line.format_map(self.namespace)))
+
+    def run(*, notebook_test, importable):
+        find_spec = importlib.util.find_spec
+        monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: (
+            find_spec(name, *a) if name != "tf_agents" else (object() if importable else None)))
+        if notebook_test:
+            monkeypatch.setenv("RL_DATA_TF_NOTEBOOK_TEST", "1")
+        else:
+            monkeypatch.delenv("RL_DATA_TF_NOTEBOOK_TEST", raising=False)
+        namespace = {}
+        shell = RecordingShell(namespace)
+        namespace["get_ipython"] = lambda: shell
+        exec(code, namespace)  # noqa: S102  (our own notebook)
+        return shell.magics
+
+    tf_minor = ".".join(importlib.metadata.version("tensorflow").split(".")[:2])
+    assert run(notebook_test=False, importable=False) == [
+        ("pip", f'install -q "tf-keras~={tf_minor}.0" "tensorflow-probability[tf]" gin-config cloudpickle '
+                f'"gym==0.23.0" pygame tensorboard'),
+        ("pip", 'install -q --no-deps "tf-agents==0.19.0"')]
+    assert run(notebook_test=True, importable=False) == []
+    assert run(notebook_test=False, importable=True) == []

@@ -13,7 +13,10 @@ Protocol (see ../shared/reference/reverb.md §2), as a dm-reverb 0.14 client exp
     Each chunk's content is decoded once on arrival and dropped (a truncated or corrupt Snappy body is
     refused with INVALID_ARGUMENT before any item can use it); items are checked against the chunks' headers
     and the table signature; a length-1 unsqueezed column whose step matches the signature is accepted,
-    because Reverb's `client.insert` sends those and Reverb stores them.
+    because Reverb's `client.insert` sends those and Reverb stores them. What one stream can make the server
+    hold is bounded by `wire.limits` (chunks and slices per request, counted before parsing; bytes of chunks
+    held for later items; bytes per chunk tensor and, when every table has a signature, steps that fit one of
+    its columns, checked before decompressing), each refusal naming the limit and the value got.
   - `SampleStream`: each request asks for `num_samples`; the table answers in flexible batches (64 first,
     then doubling) and every sample becomes one or more entries (the first carries `info`, the last has
     `end_of_sequence`), several samples per response up to ~2 MiB. A rate-limiter timeout with nothing
@@ -31,7 +34,6 @@ and the chunks held for that stream are released.
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import dataclasses
 import hmac
 import math
@@ -49,6 +51,7 @@ from replay_tf import _addresses
 from replay_tf import _grpc_common
 from replay_tf import _malloc
 from replay_tf import _shared_memory
+from replay_tf import _stream_slots
 from replay_tf import _stacking
 from replay_tf import errors
 from replay_tf.core import chunk_store as chunk_store_lib
@@ -61,6 +64,7 @@ from replay_tf.wire import schema_pb2
 
 __all__ = [
     "DEFAULT_MAX_MESSAGE_BYTES",
+    "DEFAULT_MAX_STREAMS",
     "GrpcService",
     "SERVICE_NAME",
     "start",
@@ -71,7 +75,7 @@ SERVICE_NAME = "deepmind.reverb.ReverbService"
 #: Largest request accepted by default. Reverb's writers send requests of up to 40 MiB, and one chunk of a
 #: large step may be bigger; Reverb itself accepts any size.
 DEFAULT_MAX_MESSAGE_BYTES = 256 << 20
-DEFAULT_MAX_WORKERS = 64
+DEFAULT_MAX_STREAMS = _stream_slots.DEFAULT_MAX_STREAMS
 
 _RESPONSE_TARGET_BYTES = 2 << 20   # start a new SampleStreamResponse past this size (Reverb's 2 MiB)
 _FIRST_SAMPLE_BATCH = 64           # Reverb's flexible batches: 64 samples first, then doubling
@@ -724,10 +728,12 @@ def _identity(value: bytes) -> bytes:
 class GrpcService:
     """A running gRPC listener for a `Server`'s tables; `stop()` ends every call and releases the port."""
 
-    def __init__(self, grpc_server: grpc.Server, port: int, servicer: ReverbServicer):
+    def __init__(self, grpc_server: grpc.Server, port: int, servicer: ReverbServicer,
+                 slots: Optional[_stream_slots.StreamSlots] = None):
         self._grpc_server = grpc_server
         self.port = port
         self.servicer = servicer
+        self.streams = slots  # open streams and their limit
 
     def stop(self, grace_s: Optional[float] = None) -> None:
         self._grpc_server.stop(grace_s).wait(timeout=10)
@@ -770,11 +776,11 @@ class _TokenInterceptor(grpc.ServerInterceptor):
         return self._refusals["missing" if sent is None else "wrong"]
 
 
-def _handler(servicer: ReverbServicer) -> grpc.GenericRpcHandler:
+def _handler(servicer: ReverbServicer, slots: _stream_slots.StreamSlots) -> grpc.GenericRpcHandler:
     unary = lambda fn: grpc.unary_unary_rpc_method_handler(  # noqa: E731
         fn, request_deserializer=_identity, response_serializer=_identity)
     stream = lambda fn: grpc.stream_stream_rpc_method_handler(  # noqa: E731
-        fn, request_deserializer=_identity, response_serializer=_identity)
+        slots.wrap(fn), request_deserializer=_identity, response_serializer=_identity)
     return grpc.method_handlers_generic_handler(SERVICE_NAME, {
         "Checkpoint": unary(servicer.checkpoint),
         "InsertStream": stream(servicer.insert_stream),
@@ -788,7 +794,7 @@ def _handler(servicer: ReverbServicer) -> grpc.GenericRpcHandler:
 
 def start(server, *, host: Optional[str] = None, port: Optional[int] = None,
           max_message_bytes: Optional[int] = None, max_workers: Optional[int] = None,
-          server_credentials: Optional[grpc.ServerCredentials] = None,
+          max_streams: Optional[int] = None, server_credentials: Optional[grpc.ServerCredentials] = None,
           auth_token: Optional[str] = None) -> GrpcService:
     """Serves `server`'s tables as `deepmind.reverb.ReverbService`; the hook `replay_tf.Server` calls.
 
@@ -801,7 +807,12 @@ def start(server, *, host: Optional[str] = None, port: Optional[int] = None,
       port: Port to bind; default `server.port`.
       max_message_bytes: Largest request accepted (default `server.max_message_bytes` if set, else
         `DEFAULT_MAX_MESSAGE_BYTES`); -1 for no limit. Responses are never limited.
-      max_workers: Threads serving calls; every open stream holds one (default 64).
+      max_workers: Threads kept for unary calls and for refusing streams over `max_streams`; open streams
+        never take them (default 64). Threads start on demand.
+      max_streams: Most streams (InsertStream, SampleStream, InitializeConnection) open at once, idle or
+        waiting on a rate limiter included (default `server.max_streams` if set, else
+        `DEFAULT_MAX_STREAMS`); each holds a thread, started on demand. One more is refused at once with
+        RESOURCE_EXHAUSTED (see `_stream_slots`).
       server_credentials: `grpc.ServerCredentials` to serve over TLS (default `server.server_credentials`
         if set, else plain text).
       auth_token: Token every call must carry as `authorization: Bearer <token>` metadata (default
@@ -830,16 +841,20 @@ def start(server, *, host: Optional[str] = None, port: Optional[int] = None,
                      "plaintext, readable by anyone on the network path (pass server_credentials= to Server for "
                      "TLS; remote clients refuse to send it in plaintext unless REPLAY_TF_ALLOW_PLAINTEXT_TOKEN=1)",
                      host, port)
+    if max_streams is None:
+        max_streams = getattr(server, "max_streams", None) or DEFAULT_MAX_STREAMS
+    max_streams = _stream_slots.check_max_streams(max_streams)
+    reserved = _stream_slots.DEFAULT_RESERVED_THREADS if max_workers is None else max_workers
     servicer = ReverbServicer(server)
+    slots = _stream_slots.StreamSlots(max_streams)
     options = [
         ("grpc.max_receive_message_length", int(max_message_bytes)),
         ("grpc.max_send_message_length", -1),
         ("grpc.so_reuseport", 0),  # a second server on the same port must fail, not share it
     ]
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=max_workers or DEFAULT_MAX_WORKERS,
-                                                 thread_name_prefix="replay_tf-grpc")
+    pool = _stream_slots.thread_pool(max_streams, max(1, reserved))
     interceptors = [_TokenInterceptor(auth_token)] if auth_token is not None else None
-    grpc_server = grpc.server(pool, handlers=[_handler(servicer)], interceptors=interceptors, options=options)
+    grpc_server = grpc.server(pool, handlers=[_handler(servicer, slots)], interceptors=interceptors, options=options)
     bind_host = f"[{host}]" if ":" in host and not host.startswith("[") else host
     try:
         if server_credentials is None:
@@ -854,4 +869,4 @@ def start(server, *, host: Optional[str] = None, port: Optional[int] = None,
         pool.shutdown(wait=False)
         raise ValueError(f"could not bind the replay service to {bind_host}:{port} (port in use?)") from error
     grpc_server.start()
-    return GrpcService(grpc_server, bound, servicer)
+    return GrpcService(grpc_server, bound, servicer, slots)

@@ -61,9 +61,9 @@ def check_insert_request(raw: bytes) -> None:
             chunks += 1
             if chunks > max_chunks:
                 raise LimitExceededError(
-                    f"InsertStreamRequest carries more than replay_tf.wire.limits.MAX_CHUNKS_PER_REQUEST "
-                    f"({max_chunks}) chunks: send them over several requests (with the items that use them), "
-                    f"or raise the limit in the server's process")
+                    f"InsertStreamRequest carries {chunks} or more chunks, over "
+                    f"replay_tf.wire.limits.MAX_CHUNKS_PER_REQUEST ({max_chunks}): send them over several requests "
+                    f"(with the items that use them), or raise the limit in the server's process")
         elif tag == _ITEMS_TAG:
             items.append((start, end))
             item_bytes += end - start
@@ -81,9 +81,10 @@ def check_insert_request(raw: bytes) -> None:
                     slices += slice_tag == _REPEATED_TAG
                 if slices > max_slices:
                     raise LimitExceededError(
-                        f"InsertStreamRequest carries more than replay_tf.wire.limits.MAX_SLICES_PER_REQUEST "
-                        f"({max_slices}) chunk slices in its items' trajectories: send fewer items per request, "
-                        f"items that use fewer and longer chunks, or raise the limit in the server's process")
+                        f"InsertStreamRequest carries {slices} or more chunk slices in its items' trajectories, "
+                        f"over replay_tf.wire.limits.MAX_SLICES_PER_REQUEST ({max_slices}): send fewer items per "
+                        f"request, items that use fewer and longer chunks, or raise the limit in the server's "
+                        f"process")
 
 
 def _fields(buffer: bytes, pos: int, end: int):

@@ -36,7 +36,9 @@ class StackedSteps(tfds.decode.Decoder):
 
     @property
     def dtype(self):
-        return tf.nest.map_structure(lambda info: info.dtype, self.feature.feature.get_tensor_info())
+        # `tf_dtype` where TFDS has it (>= 4.9.5 deprecates `TensorInfo.dtype`, which logs a notice).
+        return tf.nest.map_structure(lambda info: getattr(info, "tf_dtype", None) or info.dtype,
+                                     self.feature.feature.get_tensor_info())
 
     def decode_example(self, serialized_example):
         return _decode_field(self.feature.feature, serialized_example)

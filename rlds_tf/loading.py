@@ -21,6 +21,7 @@ TensorShape([10, 10, 5])
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any, Iterable, Optional, Sequence, Union
 
@@ -161,7 +162,35 @@ def _is_array_record(dataset_builder: tfds.core.DatasetBuilder) -> bool:
     return dataset_builder.info.file_format == file_adapters.FileFormat.ARRAY_RECORD
 
 
+# TFDS's own decoders read the deprecated `FeatureConnector.dtype` / `TensorInfo.dtype` (TFDS >= 4.9.5's
+# `Tensor.decode_example`, `FeatureConnector.decode_batch_example`) and log a deprecation notice while a
+# dataset is built: a notice about TFDS's internals that the caller can do nothing about.
+_TFDS_DTYPE_NOTICES = ("`FeatureConnector.dtype` is deprecated", "`TensorInfo.dtype` is deprecated")
+
+
+def _is_tfds_dtype_notice(record) -> bool:
+    """False for TFDS's `.dtype` deprecation notice (a `logging.Filter` callable: False drops the record)."""
+    return not str(record.msg).startswith(_TFDS_DTYPE_NOTICES)
+
+
+@contextlib.contextmanager
+def _without_tfds_dtype_notices():
+    """Drops TFDS's `.dtype` deprecation notices logged (through absl) while the body builds datasets."""
+    absl_logger = logging.get_absl_logger()
+    absl_logger.addFilter(_is_tfds_dtype_notice)
+    try:
+        yield
+    finally:
+        absl_logger.removeFilter(_is_tfds_dtype_notice)
+
+
 def _as_dataset(dataset_builder, split, *, shuffle_files, read_config, decoders):
+    with _without_tfds_dtype_notices():
+        return _as_dataset_unfiltered(dataset_builder, split, shuffle_files=shuffle_files,
+                                      read_config=read_config, decoders=decoders)
+
+
+def _as_dataset_unfiltered(dataset_builder, split, *, shuffle_files, read_config, decoders):
     if not _is_array_record(dataset_builder):
         return dataset_builder.as_dataset(split=split, shuffle_files=shuffle_files, read_config=read_config,
                                           decoders=decoders)

@@ -72,6 +72,7 @@ def test_bad_arguments_fail_before_tensorflow():
     assert result["tensorflow"] is False
 
 
+@pytest.mark.slow  # imports TensorFlow in a fresh interpreter
 @pytest.mark.parametrize("package", ["replay_tf", "rlds_tf"])
 def test_public_names_load_on_first_use(package):
     result = _run(f"""
@@ -106,6 +107,7 @@ def test_public_names_load_on_first_use(package):
     assert result["unknown"] == f"module '{package}' has no attribute 'no_such_name'"
 
 
+@pytest.mark.slow  # imports TensorFlow in a fresh interpreter
 def test_submodule_attribute_and_from_import():
     result = _run("""
         import json, sys

@@ -255,8 +255,13 @@ class PrioritizedReplayBuffer(tf.Module):
                                                                        empty_batch=True)
         args = (sample_batch_size, num_steps, bool(time_stacked))
         if tf.executing_eagerly() and self._buffer.state.episode_index is None:
-            # From Python: the whole sample as one XLA program (see `UniformReplayBuffer.get_next`).
-            return uniform.sample_from_python(self, self._get_next_impl, args, xla_args=args)
+            # From Python: the whole sample as one XLA program, its draws keyed by the uniform buffer's
+            # `_draw_key` (see `UniformReplayBuffer.get_next`).
+            seed, op_seed = tf.compat.v1.random.get_seed(None)
+            if seed is not None:
+                tf.raw_ops.AssignVariableOp(resource=self._buffer._draw_key.handle,
+                                            value=np.array([seed, op_seed], np.int64))
+            return uniform.sample_from_python(self, self._get_next_impl, args, xla_args=(*args, True))
         return self._run("get_next", self._get_next_impl, *args)
 
     def _smallest_stored(self):
@@ -286,9 +291,9 @@ class PrioritizedReplayBuffer(tf.Module):
         head = prefix[1] - prefix[0]               # rows first .. min(end, capacity) - 1
         return prefix[0], head, head + prefix[2]   # + rows 0 .. end - capacity - 1 when wrapped
 
-    def _draw(self, n, lo, hi, num_steps):
+    def _draw(self, n, lo, hi, num_steps, seed):
         """n (starts, segments, (probabilities, importance weights)) drawn by priority among valid,
-        episode-respecting windows."""
+        episode-respecting windows; `seed` (int64 `[2]`) keys the stateless draws."""
         buffer = self._buffer
         episode_aware = buffer.state.episode_index is not None and num_steps not in (None, 1)
         # Everything from the valid range to the weights runs as one XLA program: as ~100 small ops in
@@ -301,7 +306,7 @@ class PrioritizedReplayBuffer(tf.Module):
         if program is None:
             program = self._samplers[key] = tf.function(
                 lambda *args: self._draw_program(n, num_steps, *args), jit_compile=True, autograph=False)
-        has_mass, found, starts, segments, probabilities, weights = program(lo, hi, normalizer)
+        has_mass, found, starts, segments, probabilities, weights = program(lo, hi, normalizer, seed)
         check = tf.debugging.assert_equal(has_mass, True, message=_ALL_ZERO_MESSAGE)
         with tf.control_dependencies([check]):  # the first failing check is the one reported
             check = tf.debugging.assert_equal(found, True, message=_NOT_FOUND_MESSAGE)
@@ -319,7 +324,7 @@ class PrioritizedReplayBuffer(tf.Module):
         leaves = sum_tree.read_leaves(self._sums, _ring.rows_for(starts, segments, None, max_length, batch_size))
         return tf.reduce_sum(tf.where(ok, leaves, 0.0))
 
-    def _draw_program(self, n, num_steps, lo, hi, normalizer):
+    def _draw_program(self, n, num_steps, lo, hi, normalizer, seed):
         """The body of `_draw`'s XLA program: (has_mass, found, starts, segments, probabilities, weights)."""
         buffer = self._buffer
         batch_size, max_length = buffer.batch_size, buffer.max_length
@@ -327,22 +332,25 @@ class PrioritizedReplayBuffer(tf.Module):
         normalizer = tf.where(normalizer < 0.0, valid, normalizer)
         first = tf.math.floormod(lo, max_length) * batch_size
         count = (hi - lo) * batch_size
-        bad, starts, segments = self._rejection_loop(n, num_steps, lo, first, count, valid, before, head)
+        bad, starts, segments = self._rejection_loop(n, num_steps, lo, first, count, valid, before, head, seed)
         priorities = sum_tree.read_leaves(self._sums, _ring.rows_for(starts, segments, None, max_length,
                                                                      batch_size))
         probabilities = tf.math.divide_no_nan(priorities, normalizer)
         weights = tf.pow(priorities / self._smallest_stored(), -self._beta.read_value())
         return normalizer > 0.0, tf.logical_not(tf.reduce_any(bad)), starts, segments, probabilities, weights
 
-    def _rejection_loop(self, n, num_steps, lo, first, count, valid, before, head):
-        """Draws n valid (start, segment) pairs by priority mass; returns (bad, starts, segments)."""
+    def _rejection_loop(self, n, num_steps, lo, first, count, valid, before, head, seed):
+        """Draws n valid (start, segment) pairs by priority mass; returns (bad, starts, segments).
+
+        `seed`: int64 `[2]`; round r of the loop draws with the stateless key `fold_in(seed, r)`.
+        """
         buffer = self._buffer
         batch_size, max_length = buffer.batch_size, buffer.max_length
         capacity = batch_size * max_length
         episode_aware = buffer.state.episode_index is not None and num_steps not in (None, 1)
 
-        def draw(mask, starts, segments):
-            u = tf.random.uniform([n], 0.0, 1.0) * valid
+        def draw(round_, mask, starts, segments):
+            u = tf.random.stateless_uniform([n], tf.random.experimental.stateless_fold_in(seed, round_)) * valid
             # Mass coordinate in the tree: the valid range starts at `before`; past its unwrapped part
             # (`head`) it continues from row 0.
             mass = tf.where(u < head, before + u, u - head)
@@ -358,18 +366,28 @@ class PrioritizedReplayBuffer(tf.Module):
                     _ring.redraw(mask, new_segments, segments))
 
         zeros = tf.zeros([n], tf.int64)
-        bad, starts, segments = draw(tf.ones([n], tf.bool), zeros, zeros)
+        bad, starts, segments = draw(0, tf.ones([n], tf.bool), zeros, zeros)
         _, bad, starts, segments = tf.while_loop(
             lambda r, bad, s, g: tf.reduce_any(bad) & (r < _MAX_REJECTION_ROUNDS) & (valid > 0.0),
-            lambda r, bad, s, g: (r + 1,) + draw(bad, s, g),
+            lambda r, bad, s, g: (r + 1,) + draw(r + 1, bad, s, g),
             (tf.constant(0), bad, starts, segments))
         return bad, starts, segments
 
-    def _get_next_impl(self, sample_batch_size, num_steps, time_stacked):
+    def _get_next_impl(self, sample_batch_size, num_steps, time_stacked, keyed: bool = False):
+        """`keyed`: the draw's seed is the uniform buffer's `_draw_key` (advanced by one per call), for
+        the eager path's XLA program; else a stateful op draws it (outside the draw's XLA program).
+
+        XLA ignores the seeds of stateful random ops, and TF warns when it compiles one, so the draw
+        itself is stateless either way; both seeds follow tf.random.set_seed like TF-Agents' stateful draws.
+        """
+        if keyed:
+            seed = self._buffer._draw_key.assign_add(tf.constant([0, 1], tf.int64))
+        else:
+            seed = tf.random.uniform([2], 0, tf.int64.max, tf.int64)
         buffer = self._buffer
         n = 1 if sample_batch_size is None else sample_batch_size
         flat, starts, segments, (probabilities, weights) = buffer._sample_windows(
-            n, num_steps, lambda lo, hi: self._draw(n, lo, hi, num_steps),
+            n, num_steps, lambda lo, hi: self._draw(n, lo, hi, num_steps, seed),
             lambda lo, hi: buffer._assert_can_sample(lo, hi, num_steps), num_values=2)
         # ids -1 flag a sample drawn while nothing could be sampled: only reachable under XLA, where the
         # asserts are compiled out.

@@ -11,6 +11,15 @@ pytest.register_assert_rewrite("dataset_testlib", "reverb_testlib")
 import peer_testlib  # noqa: E402  (needs the path above)
 
 
+def pytest_collection_modifyitems(config, items):
+    """Every `peer` test is also `slow`: each starts the peer venv's interpreter, which imports TF 2.15 and
+    the anchors. `-m "not slow"` is then the quick in-process suite."""
+    del config
+    for item in items:
+        if item.get_closest_marker("peer") is not None and item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session")
 def peer():
     """A `peer_testlib.Peer` that runs snippets in the peer venv; skips (or fails under CI) without one."""

@@ -154,6 +154,7 @@ class _ServeProcess:
         self.proc.stdout.close()
 
 
+@pytest.mark.slow  # a server process
 def test_serve_process_stats_ctrl_c_and_checkpoint_restore(tmp_path):
     config = tmp_path / "tables.json"
     config.write_text(json.dumps({"tables": [
@@ -192,6 +193,7 @@ def test_serve_process_stats_ctrl_c_and_checkpoint_restore(tmp_path):
         restarted.kill()
 
 
+@pytest.mark.slow  # a server process
 def test_serve_with_tls_and_a_token_file(tmp_path, monkeypatch):
     import grpc  # noqa: PLC0415
     from replay_tf import errors  # noqa: PLC0415

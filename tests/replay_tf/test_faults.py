@@ -20,6 +20,8 @@ from replay_tf.core import checkpointing
 
 from proc_testlib import Proc, remote_client
 
+pytestmark = pytest.mark.slow  # server and writer processes, killed and restarted
+
 _HANG_S = 60  # a blocked call that has not ended after this long is a hang
 
 

@@ -546,6 +546,7 @@ print("sampled", flush=True)
 """  # ... and exits with the iterator open, tf.data prefetching from a remote server
 
 
+@pytest.mark.slow  # client processes
 def test_a_process_exits_with_an_iterator_still_open():
     # tf.data's prefetching thread could be in (or entering) the sample generator when the interpreter began
     # to finalize: it was ended there and the iterator's destructor waited for it forever (about one exit in

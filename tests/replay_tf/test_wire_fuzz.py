@@ -375,6 +375,7 @@ def _live_chunk_keys(server) -> set:
     return {key for table in server.tables.values() for item in table.items_snapshot() for key in item.chunks}
 
 
+@pytest.mark.slow  # >10,000 hostile messages
 def test_fuzz_every_rpc_then_the_server_is_intact(server, monkeypatch):
     address = f"localhost:{server.port}"
     with grpc.insecure_channel(address) as channel:

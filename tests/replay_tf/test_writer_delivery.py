@@ -258,6 +258,7 @@ def _serve(port):
     return process
 
 
+@pytest.mark.slow  # a server process, killed and restarted
 def test_remote_writer_survives_a_server_process_killed_and_restarted():
     import signal
     import socket

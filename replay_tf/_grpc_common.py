@@ -17,9 +17,9 @@ CHANNEL_OPTIONS = [
     ("grpc.max_reconnect_backoff_ms", 30_000),  # as Reverb's client
 ]
 # Queued items are assembled into requests of up to about this size: well below the 4 MiB up to which
-# `_malloc` keeps buffers in the heap (at 4 MiB every request was a fresh memory map on both sides: ~18
-# page faults per Atari step in the writer, ~8 in the server), and large enough that a request's fixed
-# costs are a few microseconds per step.
+# `_malloc` keeps buffers in the heap (a larger request is a fresh memory map on both sides, page-faulted
+# anew in the writer and in the server), and large enough that a request's fixed costs spread over many
+# steps.
 MAX_REQUEST_BYTES = 1 << 20
 MAX_REQUEST_ITEMS = 256
 LINGER_S = 0.005                  # how long a request waits for more items (not while flushing)

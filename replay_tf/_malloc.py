@@ -7,15 +7,15 @@ unmaps again on free, and gives the top of its heap back to the system past its 
 faults per 2 MiB message. glibc normally raises both thresholds by itself once such a block is freed (the
 trim threshold to twice the mmap threshold), but TensorFlow's generator datasets (which `TrajectoryDataset`
 uses) set `M_TRIM_THRESHOLD` to 128 KiB, and setting it turns that adjustment off for the whole process:
-an Atari-like sample stream then spends about a quarter of its CPU time in page faults.
+a sample stream of large steps then spends a large share of its CPU time in page faults.
 
 `keep_large_buffers_in_heap()` sets the thresholds where glibc's own adjustment would have put them for
 blocks of up to `MMAP_THRESHOLD_BYTES` (the process keeps at most `TRIM_THRESHOLD_BYTES` of free memory at
 the top of its heap instead of 128 KiB). Remote client streams call it (their processes are the ones that
 run generator datasets), and so do servers once they serve stacked sample streams: each of their responses
 is assembled from ~2 MiB of freshly gathered columns into a ~2 MiB message, and freeing both leaves more
-free memory at the top of the heap than glibc's adjusted trim threshold, so every response page-faulted
-anew (Atari-like samples: ~100 -> ~88 us of server CPU each). Other servers leave malloc alone, where
+free memory at the top of the heap than glibc's adjusted trim threshold, so without the tuning every
+response would page-fault anew. Other servers leave malloc alone, where
 glibc's adjustment works. Set the environment variable `REPLAY_TF_MALLOC_TUNING=0` to leave malloc alone
 everywhere.
 """

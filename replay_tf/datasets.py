@@ -153,7 +153,7 @@ def make_reverb_dataset(server_address: Union[str, Sequence[str]], batch_size: O
     if num_parallel_calls is not None and num_parallel_calls != tf.data.AUTOTUNE:
         _check_positive("num_parallel_calls", num_parallel_calls)
     if max_in_flight_samples_per_worker is None:
-        # The default reverb.TFClient.dataset() used to set.
+        # Reverb's default, from the TFClient.dataset() of earlier Reverb releases.
         max_in_flight_samples_per_worker = 2 * batch_size if batch_size else 100
     weights = _table_weights(table)
     if isinstance(server_address, str):
@@ -293,7 +293,7 @@ def _fifo_dataset(client: Any, environment_spec: Any, batch_size: Optional[int],
         _check_positive("num_parallel_calls", num_parallel_calls)
     if not isinstance(table, str):
         raise TypeError(f"table must be a table name, got {table!r}")
-    # The default reverb.TFClient.dataset() used to set.
+    # Reverb's default, from the TFClient.dataset() of earlier Reverb releases.
     max_in_flight = 2 * batch_size if batch_size else 100
     shapes = dtypes = None
     if environment_spec is not None:

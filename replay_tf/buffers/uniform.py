@@ -191,8 +191,8 @@ class UniformReplayBuffer(tf.Module):
         tensors = self._add_inputs(items)
         if tf.executing_eagerly():
             # From Python (a collect loop): one XLA program, storage updated in place. It costs less
-            # than a graph call of the same ops and than the ~8 eager raw ops of the add (small spec:
-            # 239 vs 325 vs 310 us CPU per call). Inside a tf.function the graph path below runs.
+            # than a graph call of the same ops and than the ~8 eager raw ops of the add. Inside a
+            # tf.function the graph path below runs.
             self._run("add", self._add_impl, tensors=tensors, jit_compile=True)
             return None
         return self._run("add", self._add_impl, tensors=tensors)
@@ -300,7 +300,7 @@ class UniformReplayBuffer(tf.Module):
         def static(value, name, least=1):
             if value is None:
                 return None
-            # Python ints skip tf.get_static_value (its tensor-type checks cost ~50 us per call).
+            # Python ints skip tf.get_static_value (its tensor-type checks are slow next to the rest).
             static_value = value if type(value) is int else tf.get_static_value(value)
             if static_value is None:
                 raise TypeError(f"{name} must be a Python int (or a constant tensor), got {value!r}")
@@ -337,7 +337,7 @@ class UniformReplayBuffer(tf.Module):
                 new_segments = tf.random.uniform([n], 0, self._batch_size, tf.int64)
             else:
                 # One stateless float64 draw per sample over the (hi - lo) * batch_size valid pairs (XLA's
-                # int64 stateless draws cost ~0.2 ms for 256 samples on CPU; 53 bits leave no visible bias).
+                # int64 stateless draws are slow on CPU; 53 bits leave no visible bias).
                 u = tf.random.stateless_uniform([n], seed, dtype=tf.float64)
                 pair = tf.cast(tf.floor(u * tf.cast((hi - lo) * self._batch_size, tf.float64)), tf.int64)
                 new_starts = lo + pair // self._batch_size
@@ -411,7 +411,7 @@ class UniformReplayBuffer(tf.Module):
         args = (sample_batch_size, num_steps, bool(time_stacked))
         if tf.executing_eagerly() and self._episode_end_fn is None:
             # From Python: the whole sample as one XLA program; its gathers write straight into the
-            # outputs and its ~50 index ops fuse (Atari spec, 256 x 2: ~30% less than a graph call).
+            # outputs and its ~50 index ops fuse (cheaper than a graph call).
             # XLA's stateful random ops ignore TF's seeds, so the draw is stateless, keyed by
             # `_draw_key`, which follows tf.random.set_seed like a stateful op's seeds would.
             seed, op_seed = tf.compat.v1.random.get_seed(None)

@@ -322,8 +322,8 @@ def episodes_to_blocks(episodes: tf.data.Dataset, steps_key: str,
     (`flat_map`) and cut into blocks of `block_size` steps (default: about `_BLOCK_BYTES`, at most
     `_MAX_BLOCK_STEPS`), which run across the episodes of the group: the compiled graph finds episode
     ends from `is_last`, exactly as Reverb's PatternDataset reads the flattened steps. Large blocks
-    matter because each block costs a fixed ~0.1 ms in the compiled functions (one block per 100-step
-    episode cost ~25% more CPU per item, benchmarks/bench_patterns.py). The groups go through a
+    matter because each block has a fixed cost in the compiled functions, which small blocks (one per
+    short episode) pay every few steps (benchmarks/bench_patterns.py compares). The groups go through a
     deterministic `interleave` with `cycle_length=1`: blocks come out in stream order, however many a
     group has (so endless episodes stream too), while the next groups are already read in parallel
     (reading a nested steps dataset costs more than everything after it). Other nested steps (a shape
@@ -365,8 +365,8 @@ def _block_rows(step_spec: Any, block_size: Optional[int]) -> Optional[int]:
     return block_size or min(max(_BLOCK_BYTES // row_bytes, 1), _MAX_BLOCK_STEPS)
 
 
-# Blocks of flattened nested steps: about this many bytes (measured: ~2k steps of 230 bytes beat 1k and
-# 4k), and at most this many steps.
+# Blocks of flattened nested steps: about this many bytes (enough steps to spread a block's fixed cost;
+# benchmarks/bench_patterns.py compares sizes), and at most this many steps.
 _BLOCK_BYTES = 512 * 1024
 _MAX_BLOCK_STEPS = 2048
 _EPISODES_PER_GROUP = 16

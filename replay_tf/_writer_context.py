@@ -20,8 +20,9 @@ class FlushOnExitCloseOnDelete:
         if exc_type is None or not issubclass(exc_type, errors.ReverbError):
             self.flush()
 
-    def __del__(self):
-        if sys.is_finalizing():
+    def __del__(self, _is_finalizing=sys.is_finalizing):
+        # (bound at definition: while the interpreter tears modules down, this module's `sys` may be None)
+        if _is_finalizing():
             return  # (gRPC may already be gone; the process ends anyway)
         try:
             self.close()

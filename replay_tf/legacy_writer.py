@@ -72,8 +72,9 @@ class Writer:
             if not self._closed:
                 self._close(flush=False)  # (flushed above, or not to be)
 
-    def __del__(self):
-        if self._closed or self._writer is None or sys.is_finalizing():
+    def __del__(self, _is_finalizing=sys.is_finalizing):
+        # (bound at definition: while the interpreter tears modules down, this module's `sys` may be None)
+        if self._closed or self._writer is None or _is_finalizing():
             return
         _log.warning("Writer-object deleted without calling .close explicitly.")
         # As Reverb, the pending items are still sent, but the collector never waits long for a server

@@ -253,7 +253,8 @@ def serve(args: argparse.Namespace) -> int:
         return 2
     try:
         server = Server(tables, port=port, checkpointer=checkpointer, host=host,
-                        server_credentials=server_credentials, auth_token=auth_token)
+                        server_credentials=server_credentials, auth_token=auth_token,
+                        max_streams=args.max_streams)
     except (ValueError, OSError) as e:
         print(f"replay-tf serve: cannot start the server: {e}", file=sys.stderr)
         return 1
@@ -352,6 +353,9 @@ def _parser() -> argparse.ArgumentParser:
     serve_parser.add_argument("--auth-token-file", default=None, metavar="FILE",
                               help="require the token in FILE from every client, as 'authorization: Bearer "
                                    "<token>' metadata (a file, so the token never shows in the process list)")
+    serve_parser.add_argument("--max-streams", type=int, default=None, metavar="N",
+                              help="most streams (writers, samplers) open at once; one more fails at once with "
+                                   "RESOURCE_EXHAUSTED (default 4096)")
     serve_parser.add_argument("--checkpoint-dir", default=None,
                               help="restore the newest checkpoint from here at start; checkpoint here on exit")
     serve_parser.add_argument("--checkpoint-interval", type=float, default=None, metavar="SECONDS",

@@ -69,6 +69,11 @@ class Server:
         time. Send tokens only over TLS or loopback. Clients in this process reach the tables in-process,
         without credentials: code running in the server's process is trusted (it could read the tables'
         memory anyway).
+      max_streams: Keyword-only, an addition: most gRPC streams (writers, samplers, datasets) open at once,
+        idle ones and samplers waiting on a rate limiter included (`None` for
+        `replay_tf.service.DEFAULT_MAX_STREAMS`, 4096). One more fails at once with RESOURCE_EXHAUSTED;
+        unary calls (server_info, mutate_priorities, reset, checkpoint) are always served. Reverb's C++
+        server has no such limit.
 
     Binding a non-loopback `host` without TLS logs a warning (a token alone travels in plaintext). A Server
     that fails to start its listener (e.g. the port is taken) raises and leaves no trace in the process.
@@ -81,7 +86,7 @@ class Server:
 
     def __init__(self, tables: Optional[Sequence[Table]] = None, port: Optional[int] = None, checkpointer=None, *,
                  host: str = "localhost", max_message_bytes: Optional[int] = None, server_credentials=None,
-                 auth_token: Optional[str] = None):
+                 auth_token: Optional[str] = None, max_streams: Optional[int] = None):
         tables = list(tables or ())
         if not tables:
             raise ValueError("At least one table must be provided")
@@ -98,6 +103,10 @@ class Server:
                              f"for no limit, or None for the default")
         if auth_token is not None and (not isinstance(auth_token, str) or not auth_token.strip()):
             raise ValueError(f"auth_token must be a non-empty str or None, got {type(auth_token).__name__}")
+        if max_streams is not None and (isinstance(max_streams, bool) or not isinstance(max_streams, int)
+                                        or max_streams < 1):
+            raise ValueError(f"max_streams ({max_streams!r}) must be a positive int (the most gRPC streams open "
+                             f"at once), or None for the default")
         self._tables = {t.name: t for t in tables}
         self._host = host
         #: Read by `replay_tf.service.start`: TLS credentials and the token calls must carry.
@@ -105,6 +114,7 @@ class Server:
         self.auth_token = auth_token
         #: Read by `replay_tf.service.start` when it starts the listener.
         self.max_message_bytes = None if max_message_bytes is None else int(max_message_bytes)
+        self.max_streams = max_streams
         self._port = _pick_unused_port() if port is None else int(port)
         self._checkpointer = checkpointer
         self.chunk_store = ChunkStore()

@@ -1,0 +1,189 @@
+"""Open streams never starve the replay server: idle SampleStreams and samplers blocked on a rate limiter
+leave ServerInfo fast and new writers connecting; streams over `max_streams` are refused at once with
+RESOURCE_EXHAUSTED while unary calls stay served; unauthenticated calls are refused from their metadata."""
+import os
+import subprocess
+import sys
+import time
+
+import grpc
+import pytest
+
+import replay_tf as reverb
+from replay_tf.wire import reverb_service_pb2
+
+from proc_testlib import ROOT, remote_client
+from stream_capacity_testlib import METHOD, StreamOpener, sample_request
+
+SERVER_INFO_BOUND_S = 1.0  # generous for a loaded 2-core machine; the sync pool answers in ~1 ms
+
+
+def _tables():
+    return [reverb.Table.queue("gate", 10_000),
+            reverb.Table("data", reverb.selectors.Uniform(), reverb.selectors.Fifo(), 10_000,
+                         reverb.rate_limiters.MinSize(1))]
+
+
+def _wait_open_streams(server, count: int, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while server._service.streams.open < count:
+        assert time.monotonic() < deadline, f"{server._service.streams.open} of {count} streams opened"
+        time.sleep(0.05)
+
+
+def _server_info_seconds(address: str, metadata=None) -> float:
+    with grpc.insecure_channel(address) as channel:
+        call = channel.unary_unary(METHOD + "ServerInfo")
+        started = time.monotonic()
+        call(reverb_service_pb2.ServerInfoRequest().SerializeToString(), timeout=10, metadata=metadata)
+        return time.monotonic() - started
+
+
+def _write_one(address: str, key_value: int, timeout_ms: int = 10_000) -> None:
+    with remote_client(address).trajectory_writer(1) as writer:
+        writer.append({"x": key_value})
+        writer.create_item("data", 1.0, {"x": writer.history["x"][-1]})
+        writer.flush(timeout_ms=timeout_ms)
+
+
+def test_idle_streams_and_blocked_samplers_leave_server_info_and_new_writers_served():
+    server = reverb.Server(_tables())
+    address = f"localhost:{server.port}"
+    opener = StreamOpener(address)
+    try:
+        opener.open(120)  # idle: never send a request
+        samplers = opener.open(100, first_request=sample_request("gate"))  # wait on the empty queue
+        _wait_open_streams(server, 220)
+        assert _server_info_seconds(address) < SERVER_INFO_BOUND_S
+        _write_one(address, 7)
+        assert server.tables["data"].size() == 1
+        client = remote_client(address)
+        client.mutate_priorities("data", updates={next(iter(client.sample("data", emit_timesteps=False))).info.key: 2.0})
+        # The blocked samplers were waiting, and each gets one of the items inserted now.
+        with client.trajectory_writer(1) as writer:
+            for i in range(100):
+                writer.append({"x": i})
+                writer.create_item("gate", 1.0, {"x": writer.history["x"][-1]})
+            writer.flush(timeout_ms=10_000)
+        responses = opener.first_responses(samplers, timeout=20)
+        assert all(responses) and len(responses) == 100
+        assert server.tables["gate"].size() == 0
+    finally:
+        opener.close()
+        server.stop()
+
+
+def test_streams_over_max_streams_are_refused_at_once_and_unary_calls_still_served():
+    server = reverb.Server(_tables(), max_streams=8)
+    address = f"localhost:{server.port}"
+    opener = StreamOpener(address)
+    try:
+        held = opener.open(4) + opener.open(4, first_request=sample_request("gate"))
+        _wait_open_streams(server, 8)
+        started = time.monotonic()
+        refused = opener.open(3) + opener.open(2, method="InsertStream")
+        assert opener.codes(refused, timeout=5) == [grpc.StatusCode.RESOURCE_EXHAUSTED] * 5
+        assert time.monotonic() - started < 5
+        assert "max_streams" in opener.details(refused[0])
+        assert _server_info_seconds(address) < SERVER_INFO_BOUND_S
+        client = remote_client(address)
+        client.reset("data")
+        with pytest.raises(reverb.errors.ReverbError, match="RESOURCE_EXHAUSTED"):
+            _write_one(address, 1)  # its stream is refused at once, with the reason
+        for call in held:
+            call.cancel()
+        _wait_closed = time.monotonic() + 10
+        while server._service.streams.open:
+            assert time.monotonic() < _wait_closed, f"{server._service.streams.open} streams still counted"
+            time.sleep(0.05)
+        _write_one(address, 2)
+        assert server.tables["data"].size() == 1
+    finally:
+        opener.close()
+        server.stop()
+
+
+def test_unauthenticated_calls_that_never_send_a_body_are_refused_from_metadata():
+    server = reverb.Server(_tables(), auth_token="s3cret")
+    address = f"localhost:{server.port}"
+    opener = StreamOpener(address, metadata=(("authorization", "Bearer wrong"),))
+    try:
+        # Unary methods called as streams that never send their request, and streams never read: every one
+        # is refused from its metadata, none holds a server thread.
+        calls = (opener.open(150, method="ServerInfo") + opener.open(150, method="MutatePriorities")
+                 + opener.open(150))
+        assert set(opener.codes(calls, timeout=20)) == {grpc.StatusCode.UNAUTHENTICATED}
+        assert _server_info_seconds(address, metadata=(("authorization", "Bearer s3cret"),)) < SERVER_INFO_BOUND_S
+    finally:
+        opener.close()
+        server.stop()
+
+
+@pytest.mark.parametrize("value", [0, -1, True, 2.5, "8"])
+def test_max_streams_must_be_a_positive_int(value):
+    with pytest.raises(ValueError, match="max_streams"):
+        reverb.Server(_tables(), max_streams=value)
+
+
+_ACTORS = r'''
+import sys, threading
+sys.path.insert(0, "tests")
+from proc_testlib import remote_client
+address, num_actors, items = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+errors = []
+start = threading.Barrier(num_actors)
+def actor(index):
+    try:
+        with remote_client(address).trajectory_writer(1) as writer:
+            start.wait(120)  # every actor's stream is open before the first item
+            for i in range(items):
+                writer.append({"x": index * 1000 + i})
+                writer.create_item("data", 1.0, {"x": writer.history["x"][-1]})
+            writer.flush(timeout_ms=60_000)
+    except Exception as e:
+        errors.append(f"actor {index}: {type(e).__name__}: {e}")
+threads = [threading.Thread(target=actor, args=(i,)) for i in range(num_actors)]
+for t in threads: t.start()
+for t in threads: t.join(300)
+print("ERRORS", errors, flush=True)
+print("DONE", sum(t.is_alive() for t in threads), flush=True)
+'''
+
+
+@pytest.mark.slow
+def test_200_actors_and_50_samplers_blocked_on_rate_limiters():
+    """200 writers (threads of one client process) insert while 50 samplers wait on an empty queue."""
+    num_actors, items = 200, 5
+    server = reverb.Server(_tables())
+    address = f"localhost:{server.port}"
+    opener = StreamOpener(address)
+    actors = None
+    try:
+        samplers = opener.open(50, first_request=sample_request("gate"))
+        _wait_open_streams(server, 50)
+        actors = subprocess.Popen([sys.executable, "-c", _ACTORS, address, str(num_actors), str(items)],
+                                  cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+        latencies = []
+        deadline = time.monotonic() + 240
+        while actors.poll() is None:
+            assert time.monotonic() < deadline, "the actors did not finish in 240 s"
+            latencies.append(_server_info_seconds(address))
+            time.sleep(0.2)
+        out, err = actors.communicate(timeout=30)
+        assert "ERRORS []" in out and "DONE 0" in out, (out, err[-3000:])
+        assert server.tables["data"].size() == num_actors * items
+        assert max(latencies) < SERVER_INFO_BOUND_S, sorted(latencies)[-5:]
+        # The samplers waited all along, and each still gets an item now.
+        with remote_client(address).trajectory_writer(1) as writer:
+            for i in range(50):
+                writer.append({"x": i})
+                writer.create_item("gate", 1.0, {"x": writer.history["x"][-1]})
+            writer.flush(timeout_ms=10_000)
+        assert all(opener.first_responses(samplers, timeout=20))
+    finally:
+        if actors is not None and actors.poll() is None:
+            actors.kill()
+            actors.communicate()
+        opener.close()
+        server.stop()

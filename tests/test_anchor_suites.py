@@ -58,12 +58,6 @@ EXCLUDED: dict[str, str] = {
        "sampling an empty PyUniformReplayBuffer / PyHashedReplayBuffer raises ValueError (documented in "
        "replay_tf/buffers/py_uniform.py); TF-Agents returns uninitialized np.empty arrays"
        for kind in ("", "BatchSize", "NumSteps") for hashing in ("WithHashing", "WithoutHashing")},
-    **{f"tf_uniform_replay_buffer_test.py::TFUniformReplayBufferTest::"
-       f"testSampleSingleCorrectProbabilityAsDataset{size}":
-       "as_dataset(sample_batch_size=None) draws its samples a chunk at a time from one snapshot of the buffer "
-       "(documented in TFUniformReplayBuffer.as_dataset), so a sample taken after later adds reports the "
-       "earlier snapshot's probability; TF-Agents draws each sample from the live buffer"
-       for size in ("BatchSizeOne", "BatchSizeFive")},
 }
 
 # The child pytest's limits: one test, and one package's whole run.

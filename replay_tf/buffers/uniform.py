@@ -467,8 +467,9 @@ class UniformReplayBuffer(tf.Module):
 
         `single_deterministic_pass=False`: an infinite dataset of `get_next(sample_batch_size, num_steps)`
         draws that reads the live buffer. With `sample_batch_size=None` samples are drawn
-        `_UNBATCHED_CHUNK` at a time and unbatched (each is still an independent uniform draw; a chunk
-        sees one snapshot of the buffer), which keeps `.batch(256)` after it fast.
+        `_UNBATCHED_CHUNK` at a time while the buffer does not change, which keeps `.batch(256)` after it
+        fast; a chunk is redrawn as soon as an add or a clear has moved `last_id`, so each element (and
+        its probability) reflects the buffer when it is produced, as in TF-Agents.
 
         `single_deterministic_pass=True`: every stored step once, segment by segment in time order (with
         `sample_batch_size`, `sample_batch_size` segments side by side), windowed by `num_steps` with
@@ -493,10 +494,46 @@ class UniformReplayBuffer(tf.Module):
         if single_deterministic_pass:
             return self._deterministic_dataset(sample_batch_size, num_steps, num_parallel_calls)
         if sample_batch_size is None:
-            chunk = self._get_next_fn_for_dataset(_UNBATCHED_CHUNK, num_steps)
-            return tf.data.Dataset.counter().map(chunk, num_parallel_calls=num_parallel_calls).unbatch()
+            return self._unbatched_dataset(num_steps, num_parallel_calls)
         return tf.data.Dataset.counter().map(self._get_next_fn_for_dataset(sample_batch_size, num_steps),
                                              num_parallel_calls=num_parallel_calls)
+
+    def _unbatched_dataset(self, num_steps, num_parallel_calls):
+        """Single samples that each reflect the live buffer, drawn `_UNBATCHED_CHUNK` at a time.
+
+        Every sample of a chunk carries the `last_id` the chunk was drawn at; when a sample is produced,
+        one whose chunk predates the current `last_id` (an add or a clear since the draw) is dropped, so
+        the rest of that chunk is skipped and a new one drawn. Each element is then a uniform draw over
+        the buffer as it is when the element is produced, with that moment's probability (as TF-Agents'
+        one `get_next` per element); a static buffer pays one draw per `_UNBATCHED_CHUNK` elements and
+        two small per-element functions (the check, and dropping the carried fields). The first sample
+        of a chunk is always kept, so a writer adding faster than chunks are drawn cannot starve the
+        reader. With `num_parallel_calls`, chunks are drawn ahead, as TF-Agents' samples are. (A `clear()` followed by exactly as many adds as the chunk had seen restores its
+        `last_id`; the rest of that chunk is then served from before the clear.)
+        """
+        draw = self._get_next_fn_for_dataset(_UNBATCHED_CHUNK, num_steps)
+        last_id = self._state.last_id
+
+        def read_last_id():
+            with tf.device(self._device):
+                return last_id.read_value()
+
+        def chunk(i):
+            drawn_at = read_last_id()  # read first: a later add makes the chunk stale, never fresh
+            data, info = draw(i)
+            return data, info, tf.fill([_UNBATCHED_CHUNK], drawn_at), tf.range(_UNBATCHED_CHUNK)
+
+        def live(data, info, drawn_at, position):
+            return tf.logical_or(tf.equal(position, 0), tf.equal(drawn_at, read_last_id()))
+
+        def strip(data, info, drawn_at, position):
+            # Reads the variable only to be a stateful function: tf.data's `map_parallelization` runs
+            # stateless maps ahead of `next`, which would apply the check above too early.
+            with tf.control_dependencies([read_last_id()]):
+                return tf.nest.map_structure(tf.identity, (data, info))
+
+        chunks = tf.data.Dataset.counter().map(chunk, num_parallel_calls=num_parallel_calls)
+        return chunks.unbatch().filter(live).map(strip)
 
     def _get_next_fn_for_dataset(self, sample_batch_size, num_steps):
         def fn(_):

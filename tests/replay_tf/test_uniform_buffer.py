@@ -498,3 +498,67 @@ def test_eager_get_next_follows_the_global_seed_and_matches_traced_windows():
         _assert_consistent_windows(data, info.ids, 3)
         np.testing.assert_allclose(info.probabilities.numpy(), 1 / 12)   # 4 valid starts x 3 segments
     assert set(eager_info.ids.numpy()[:, 0].tolist()) == set(traced_info.ids.numpy()[:, 0].tolist()) == {3, 4, 5, 6}
+
+
+def _no_injected_prefetch(ds):
+    # tf.data may otherwise compute the next element ahead of `next`, before the add that follows.
+    options = tf.data.Options()
+    options.experimental_optimization.inject_prefetch = False
+    return ds.with_options(options)
+
+
+def _expected_after_adds(batch_size, max_length, adds):
+    # A window of one step: every stored (segment, step) pair is equally likely; the ring keeps
+    # the newest `max_length` steps of each segment.
+    stored = min(adds, max_length)
+    return 1.0 / (stored * batch_size), set(range(adds - stored, adds))
+
+
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_unbatched_as_dataset_elements_reflect_adds_made_after_iter_eager(batch_size):
+    rb = replay_tf.UniformReplayBuffer(tf.TensorSpec([], tf.int32, "action"), batch_size=batch_size,
+                                       max_length=3)
+    iterator = iter(_no_injected_prefetch(rb.as_dataset()))
+    for adds in range(1, 7):
+        rb.add_batch(tf.fill([batch_size], adds - 1))      # step t stores the value t in every segment
+        for _ in range(2):                                  # two draws between adds: both see this add
+            data, info = next(iterator)
+            probability, ids = _expected_after_adds(batch_size, 3, adds)
+            assert float(info.probabilities) == pytest.approx(probability)
+            assert int(info.ids) in ids and int(data) == int(info.ids)
+    rb.clear()
+    rb.add_batch(tf.fill([batch_size], 100))                # a clear then an add: only the new step
+    data, info = next(iterator)
+    assert (int(data), int(info.ids), float(info.probabilities)) == (100, 0, pytest.approx(1 / batch_size))
+
+
+def test_unbatched_as_dataset_elements_reflect_adds_made_after_iter_graph_mode():
+    batch_size, max_length = 2, 3
+    with tf.Graph().as_default():
+        rb = replay_tf.UniformReplayBuffer(tf.TensorSpec([], tf.int32, "action"), batch_size=batch_size,
+                                           max_length=max_length)
+        step = tf.compat.v1.placeholder(tf.int32, [])
+        add = rb.add_batch(tf.fill([batch_size], step))
+        iterator = tf.compat.v1.data.make_initializable_iterator(_no_injected_prefetch(rb.as_dataset()))
+        sample = iterator.get_next()
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            session.run(iterator.initializer)
+            for adds in range(1, 6):
+                session.run(add, {step: adds - 1})
+                data, info = session.run(sample)
+                probability, ids = _expected_after_adds(batch_size, max_length, adds)
+                assert info.probabilities == pytest.approx(probability)
+                assert int(info.ids) in ids and int(data) == int(info.ids)
+
+
+def test_unbatched_as_dataset_of_a_static_buffer_stays_uniform():
+    # Many elements without adds in between (drawn a chunk at a time): still uniform over all pairs.
+    rb = replay_tf.UniformReplayBuffer(SPEC, batch_size=3, max_length=5)
+    for step in range(8):                                  # wrapped: steps 3..7 stored
+        rb.add_batch(_items(step, 3))
+    data, info = next(iter(rb.as_dataset(num_steps=2).batch(3000)))
+    _assert_consistent_windows(data, info.ids, 3)
+    np.testing.assert_allclose(info.probabilities.numpy(), 1 / 12)
+    starts = collections.Counter(info.ids.numpy()[:, 0].tolist())
+    assert set(starts) == {3, 4, 5, 6} and min(starts.values()) > 600   # ~750 each

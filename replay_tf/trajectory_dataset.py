@@ -32,6 +32,7 @@ import tensorflow as tf
 import tree
 
 from replay_tf import _addresses
+from replay_tf import _batch_source
 from replay_tf import _generator_exit
 from replay_tf import _lazy_dataset
 from replay_tf import _sample_workers
@@ -183,6 +184,11 @@ class TrajectoryDataset(_lazy_dataset.LazyDatasetV1):
         self._data_structure = dtypes
         self._column_dtypes = [tf.as_dtype(d) for d in tree.flatten(dtypes)]
         self._column_shapes = [tf.TensorShape(s) for s in tree.flatten(shapes)]
+        # (numpy dtype, shape tuple) per column, and bytes per row (None where a shape is not fully defined)
+        self._column_layout = [(_numpy_dtype(d), tuple(s.as_list()) if s.is_fully_defined() else None)
+                               for d, s in zip(self._column_dtypes, self._column_shapes)]
+        self._row_bytes = [None if shape is None else int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+                           for dtype, shape in self._column_layout]
         self._column_paths = ["/".join(str(p) for p in path) or "<root>" for path, _ in tree.flatten_with_path(dtypes)]
         self._max_in_flight = max_in_flight_samples_per_worker
         self._num_workers = 1 if num_workers_per_iterator == -1 else num_workers_per_iterator
@@ -256,15 +262,13 @@ class TrajectoryDataset(_lazy_dataset.LazyDatasetV1):
                 for d, s in zip(self._column_dtypes, self._column_shapes)]))
 
     def _from_generator(self, batch_size: Optional[int] = None, drop_remainder: bool = False) -> tf.data.Dataset:
-        """The batches of `_generate_batches`; the address and table reach it as tensors, so that values
-        known only when the dataset is iterated work."""
+        """The batches of `_generate_batches` (see `_batch_source`); the address and table reach it as
+        tensors, so that values known only when the dataset is iterated work."""
         def generate(server_address: bytes, table: bytes):
-            batches = self._generate_batches(batch_size, drop_remainder, server_address=server_address.decode(),
-                                             table=table.decode())
-            return _generator_exit.ending_at_exit(batches)
+            return _generator_exit.ending_at_exit(self._generate_flat(
+                batch_size, drop_remainder, server_address=server_address.decode(), table=table.decode()))
 
-        return tf.data.Dataset.from_generator(generate, output_signature=self._batch_specs(None),
-                                              args=(self._server_address, self._table))
+        return _batch_source.batches(generate, (self._server_address, self._table), self._batch_specs(None))
 
     def _build_dataset(self) -> tf.data.Dataset:
         return self._from_generator().unbatch()  # also drops the empty batches yielded while blocked
@@ -323,10 +327,20 @@ class TrajectoryDataset(_lazy_dataset.LazyDatasetV1):
         """One `ReplaySample` of arrays stacked along a new leading axis (fully defined shapes only), from a
         sample stream's batch of `table` (default: the dataset's): `SampledItem`s and `StackedSamples` (see
         `_stacking`)."""
-        table = self._table if table is None else table
-        empty = _aligned_empty if pool is None else pool.empty
-        data = [empty((_stacking.count_samples(samples), *shape.as_list()), _numpy_dtype(dtype))
-                for dtype, shape in zip(self._column_dtypes, self._column_shapes)]
+        return self._unflatten(self._stack_flat(samples, pool, self._table if table is None else table))
+
+    def _unflatten(self, flat: list) -> ReplaySample:
+        """The `ReplaySample` of a flat batch (the 5 `SampleInfo` columns, then the data columns)."""
+        return ReplaySample(SampleInfo(*flat[:5]), tree.unflatten_as(self._data_structure, flat[5:]))
+
+    def _stack_flat(self, samples: list, pool: Optional["_BufferPool"], table: str) -> list:
+        """`_stack`'s batch flat: the 5 `SampleInfo` columns, then the data columns (as `tree` flattens)."""
+        count = _stacking.count_samples(samples)
+        if pool is None:
+            data = [_aligned_empty((count, *shape), dtype) for dtype, shape in self._column_layout]
+        else:
+            data = [pool.empty((count, *shape), dtype, row_bytes)
+                    for (dtype, shape), row_bytes in zip(self._column_layout, self._row_bytes)]
         infos = []
         pos = 0
         for run in _runs(samples):
@@ -338,11 +352,12 @@ class TrajectoryDataset(_lazy_dataset.LazyDatasetV1):
                 infos.append(SampleInfo(run.keys, run.probabilities, run.table_sizes, run.priorities,
                                         run.times_sampled))
             else:
-                self._gather(run, [out[pos:pos + len(run)] for out in data], table)
+                self._gather(run, data if pos == 0 and len(run) == count else
+                             [out[pos:pos + len(run)] for out in data], table)
                 infos.append(_info_arrays(run))
             pos += len(run)
         info = infos[0] if len(infos) == 1 else SampleInfo(*map(np.concatenate, zip(*infos)))
-        return ReplaySample(info, tree.unflatten_as(self._data_structure, data))
+        return [*info, *data]
 
     def _gather(self, samples: list, data: list, table: str) -> None:
         """Fills `data` (one array per column) with the columns of `SampledItem`s of `table`."""
@@ -366,15 +381,25 @@ class TrajectoryDataset(_lazy_dataset.LazyDatasetV1):
 
     def _empty(self) -> ReplaySample:
         """A batch of zero samples (unknown dimensions set to 0)."""
+        return self._unflatten(self._empty_flat())
+
+    def _empty_flat(self) -> list:
+        """`_empty()` flat (see `_stack_flat`)."""
         data = [np.empty((0, *(0 if d is None else d for d in s.as_list())) if s.rank is not None else (0,),
                          _numpy_dtype(dtype)) for dtype, s in zip(self._column_dtypes, self._column_shapes)]
-        return ReplaySample(_info_arrays([]), tree.unflatten_as(self._data_structure, data))
+        return [*_info_arrays([]), *data]
 
     def _generate_batches(self, batch_size: Optional[int] = None, drop_remainder: bool = False, *,
                           server_address: Optional[str] = None, table: Optional[str] = None):
         """Yields `ReplaySample`s of stacked arrays of `table` at `server_address` (default: the dataset's,
         when known): one per flexible batch of samples, or, with `batch_size`, batches of exactly that many
         (the last one smaller unless `drop_remainder`)."""
+        for flat in self._generate_flat(batch_size, drop_remainder, server_address=server_address, table=table):
+            yield self._unflatten(flat)
+
+    def _generate_flat(self, batch_size: Optional[int] = None, drop_remainder: bool = False, *,
+                       server_address: Optional[str] = None, table: Optional[str] = None):
+        """`_generate_batches`, each batch flat (see `_stack_flat`)."""
         from replay_tf.client import make_transport  # noqa: PLC0415
 
         server_address = self._server_address if server_address is None else server_address
@@ -409,7 +434,7 @@ class TrajectoryDataset(_lazy_dataset.LazyDatasetV1):
                 except errors.DeadlineExceededError:
                     break  # a rate-limiter timeout ends the iteration, as in Reverb
                 if not batch:  # still blocked: let tf.data check for cancellation
-                    yield self._empty()
+                    yield self._empty_flat()
                     continue
                 count = _stacking.count_samples(batch)
                 if remaining is not None:
@@ -423,18 +448,17 @@ class TrajectoryDataset(_lazy_dataset.LazyDatasetV1):
                     while pending_count >= batch_size:
                         head, pending = _stacking.split_samples(pending, batch_size)
                         pending_count -= batch_size
-                        yield self._stack(head, pool, table)
+                        yield self._stack_flat(head, pool, table)
                 elif fully_defined:
-                    yield self._stack(batch, pool, table)
+                    yield self._stack_flat(batch, pool, table)
                 else:  # variable shapes cannot be stacked: one sample per element
                     for sampled in batch:
                         self._check_item(sampled.item, table)
                         cols = sampled.item.column_arrays()
                         self._check_columns(cols, table)
-                        yield ReplaySample(_info_arrays([sampled]), tree.unflatten_as(
-                            self._data_structure, [c[np.newaxis] for c in cols]))
+                        yield [*_info_arrays([sampled]), *(c[np.newaxis] for c in cols)]
             if pending and not drop_remainder:
-                yield self._stack(pending, table=table)
+                yield self._stack_flat(pending, None, table)
         finally:
             stream.close()
 
@@ -504,9 +528,14 @@ class _BufferPool:
         # References to the array, and to the memory it views (any view of `array` refers to `array.base`).
         return sys.getrefcount(array), sys.getrefcount(array.base)
 
-    def empty(self, shape: tuple, dtype: np.dtype) -> np.ndarray:
-        if dtype == np.dtype(object) or int(np.prod(shape, dtype=np.int64)) * dtype.itemsize < self.MIN_BYTES:
-            return _aligned_empty(shape, dtype)
+    def empty(self, shape: tuple, dtype: np.dtype, row_bytes: Optional[int] = None) -> np.ndarray:
+        """An array to fill: pooled when large; small ones straight from numpy (TensorFlow copies an array
+        it cannot adopt, which costs less than aligning a small one). `row_bytes`: the bytes of
+        `shape[1:]`, when known."""
+        if row_bytes is None:
+            row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
+        if dtype == np.dtype(object) or shape[0] * row_bytes < self.MIN_BYTES:
+            return np.empty(shape, dtype)
         arrays = self._arrays.setdefault((shape, dtype), [])
         for array in arrays:
             if self._counts(array) == self._free_counts:  # nothing but the pool refers to it

@@ -1,0 +1,178 @@
+"""Many small interleaved `TrajectoryDataset`s, side by side with dm-reverb 0.14: `python -m benchmarks.run tf_agents`.
+
+Workload (issue 25): a static table of 5,000 items of 2 steps, written as TF-Agents'
+`ReverbAddTrajectoryObserver(sequence_length=2)` writes them (one trajectory_writer, an item of the last two
+steps per step), of a small `Trajectory`-like step (observation f32[4], scalars). Sampled through:
+
+- TF-Agents' `ReverbReplayBuffer(max_cycle_length=N).as_dataset(sample_batch_size=64, num_steps=2)`, built
+  here exactly as tf_agents 0.19 builds it (without tf_agents): `range(N).interleave` of N
+  `TrajectoryDataset`s of `3 * (64 // N)` samples in flight, each mapped per sample (the info broadcast and
+  the sequence function), `batch(64, drop_remainder=True)`, with `num_parallel_calls` AUTOTUNE (None) or 3;
+- acme's `make_reverb_dataset(batch_size=256, num_parallel_calls=N)`: `range(N).interleave` of N
+  `TrajectoryDataset.from_table_signature(max_in_flight_samples_per_worker=512).batch(256)`;
+- TF-Agents' DQN tutorial loop's replay part: one step appended and one item created, then one
+  `next(iterator)` of the N = 32 dataset (seconds per 1,500 iterations; lower is better).
+
+The same source runs here (`import replay_tf as reverb`) and in the peer venv (`import reverb`, TF 2.15).
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+from benchmarks import _harness
+
+NUM_ITEMS = 5000
+SHAPES = (1, 3, 12, 32)
+
+WORKLOAD = r'''
+import collections
+import time
+import numpy as np
+import tensorflow as tf
+
+Step = collections.namedtuple('Step', ['step_type', 'observation', 'action', 'policy_info', 'next_step_type',
+                                       'reward', 'discount'])
+STEP_SPEC = Step(tf.TensorSpec([], tf.int32), tf.TensorSpec([4], tf.float32), tf.TensorSpec([], tf.int64), (),
+                 tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.float32), tf.TensorSpec([], tf.float32))
+
+def step(i):
+    return Step(np.int32(i % 3), np.full([4], i, np.float32), np.int64(i % 2), (), np.int32((i + 1) % 3),
+                np.float32(1.0), np.float32(0.99))
+
+def make_server(num_items):
+    signature = tf.nest.map_structure(lambda s: tf.TensorSpec([2, *s.shape], s.dtype), STEP_SPEC)
+    table = reverb.Table('t', reverb.selectors.Uniform(), reverb.selectors.Fifo(), num_items + 2000,
+                         reverb.rate_limiters.MinSize(1), signature=signature)
+    server = reverb.Server([table])
+    client = reverb.Client(f'localhost:{server.port}')
+    writer = client.trajectory_writer(num_keep_alive_refs=2)
+    for i in range(num_items + 1):
+        add_step(writer, i)
+    writer.flush()
+    return server, client, writer
+
+def add_step(writer, i):
+    """One step as ReverbAddTrajectoryObserver(sequence_length=2) writes it."""
+    writer.append(step(i))
+    if writer.episode_steps >= 2:
+        writer.create_item('t', 1.0, tf.nest.map_structure(lambda c: c[-2:], writer.history))
+
+def tf_agents_dataset(address, sample_batch_size, num_cycles, num_parallel_calls):
+    """tf_agents.ReverbReplayBuffer(max_cycle_length=num_cycles).as_dataset(sample_batch_size, num_steps=2)."""
+    cycle_length = min(sample_batch_size, num_cycles)
+    per_interleave = sample_batch_size // cycle_length
+    shapes = tf.nest.map_structure(lambda s: (2,) + s.shape, STEP_SPEC)
+    dtypes = tf.nest.map_structure(lambda s: s.dtype, STEP_SPEC)
+
+    def generate(_):
+        dataset = reverb.TrajectoryDataset(address, 't', dtypes, shapes,
+                                           max_in_flight_samples_per_worker=3 * per_interleave,
+                                           num_workers_per_iterator=min(-1, per_interleave),
+                                           max_samples_per_stream=-1, rate_limiter_timeout_ms=-1)
+
+        def broadcast_info(info_traj):
+            info, traj = info_traj
+            first = tf.nest.flatten(traj)[0]
+            length = first.shape[0] or tf.shape(first)[0]
+            return reverb.ReplaySample(tf.nest.map_structure(lambda t: tf.repeat(t, [length]), info), traj)
+
+        return dataset.map(broadcast_info).map(lambda sample: (sample.data, sample.info))
+
+    if cycle_length == 1:
+        dataset = generate(0)
+    else:
+        dataset = tf.data.Dataset.range(cycle_length).interleave(
+            generate, cycle_length=cycle_length, num_parallel_calls=num_parallel_calls or tf.data.AUTOTUNE)
+    options = tf.data.Options()
+    options.experimental_deterministic = False
+    return dataset.with_options(options).batch(sample_batch_size, drop_remainder=True)
+
+def acme_dataset(address, batch_size, num_parallel_calls):
+    """acme.datasets.make_reverb_dataset(address, batch_size=batch_size, num_parallel_calls=...)."""
+    def make(_):
+        return reverb.TrajectoryDataset.from_table_signature(
+            address, 't', max_in_flight_samples_per_worker=2 * batch_size).batch(batch_size, drop_remainder=True)
+    return tf.data.Dataset.range(num_parallel_calls).interleave(
+        make, cycle_length=num_parallel_calls, num_parallel_calls=num_parallel_calls, deterministic=False)
+
+def samples_per_s(dataset, batch_size, seconds):
+    iterator = iter(dataset)
+    for _ in range(20):
+        next(iterator)  # (every interleaved iterator started)
+    return best_rate(lambda: (next(iterator), batch_size)[1], repeats=3, min_seconds=seconds)
+
+def dqn_loop(address, writer, num_iterations, first_step):
+    """Seconds of `num_iterations` (add one step, next(iterator)) on the 64 x 2-step, 32-cycle dataset."""
+    iterator = iter(tf_agents_dataset(address, 64, 32, None))
+    next(iterator)
+    start = time.perf_counter()
+    for i in range(num_iterations):
+        add_step(writer, first_step + i)
+        next(iterator)
+    return time.perf_counter() - start
+
+server, client, writer = make_server(NUM_ITEMS)
+address = f'localhost:{server.port}'
+for n in SHAPES:
+    for calls in (None, 3):
+        if calls is not None and n < 3:
+            continue
+        emit(f'tf_agents/{n}/{calls}', samples_per_s(tf_agents_dataset(address, 64, n, calls), 64, SECONDS))
+    emit(f'acme/{n}', samples_per_s(acme_dataset(address, 256, n), 256, SECONDS))
+emit('dqn', dqn_loop(address, writer, 1500, NUM_ITEMS + 1))
+server.stop()
+'''
+
+
+def _prelude(shapes, seconds: float, num_items: int) -> str:
+    return (_harness.PEER_BEST_RATE + f"SHAPES = {tuple(shapes)!r}\nSECONDS = {seconds!r}\n"
+            f"NUM_ITEMS = {num_items!r}\n")
+
+
+def _run_ours(shapes, seconds: float, num_items: int) -> dict:
+    code = ("import json\nimport replay_tf as reverb\n_out = {}\nemit = _out.__setitem__\n"
+            + _prelude(shapes, seconds, num_items) + WORKLOAD + "\nprint('RESULT ' + json.dumps(_out))\n")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=1800,
+                          cwd=str(pathlib.Path(__file__).resolve().parent.parent))
+    if proc.returncode != 0:
+        raise RuntimeError(f"benchmark failed:\n{proc.stderr[-4000:]}")
+    line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")][-1]
+    return json.loads(line[len("RESULT "):])
+
+
+def _workload_name(key: str) -> tuple:
+    kind, *rest = key.split("/")
+    if kind == "dqn":
+        return ("TF-Agents DQN loop: add a step + next(iterator) of 64 x 2 steps (32 cycles), 1,500 times "
+                "(lower is better)", "s")
+    if kind == "tf_agents":
+        n, calls = rest
+        return (f"TF-Agents as_dataset(64, num_steps=2): {n} interleaved TrajectoryDataset(s) of {64 // int(n)}, "
+                f"num_parallel_calls={'AUTOTUNE' if calls == 'None' else calls}", "samples/s")
+    return f"acme make_reverb_dataset(batch_size=256, num_parallel_calls={rest[0]})", "samples/s"
+
+
+def main(shapes=SHAPES, seconds: float = 1.0, num_items: int = NUM_ITEMS) -> None:
+    peer = _harness.peer()
+    ours = _run_ours(shapes, seconds, num_items)
+    theirs = {}
+    if peer is not None:
+        theirs = peer.run("import reverb\n" + _prelude(shapes, seconds, num_items) + WORKLOAD, {}, timeout_s=1800)
+    rows = []
+    for key, value in ours.items():
+        workload, unit = _workload_name(key)
+        row = {"workload": workload, "ours": value, "peer": theirs.get(key),
+               "peer_name": "dm-reverb 0.14 in-process", "unit": unit}
+        if key == "dqn" and value and theirs.get(key):
+            row["ratio"] = theirs[key] / value  # (seconds: higher ratio is better, as everywhere)
+        rows.append(row)
+    _harness.report("tf_agents", rows)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

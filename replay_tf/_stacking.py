@@ -52,9 +52,9 @@ def gather_column(items: list, i: int, out: np.ndarray, tensors_of: TensorsOf = 
         if out.ndim < 2:
             return False
         rows, target = out.shape[1], out.reshape(n * out.shape[1], *out.shape[2:])
-    if any(pending_of(col[j]) is not None for col in columns for j in range(1, len(col), 4)):
-        return _decode_column(columns, rows, target, tensors_of, pending_of)
     if all(map((5).__eq__, map(len, columns))):  # every column is one slice
+        if any(pending_of(col[1]) is not None for col in columns):
+            return _decode_column(columns, rows, target, tensors_of, pending_of)
         if not squeeze:
             lengths = np.fromiter(map(_get_stop, columns), np.int64, n) - np.fromiter(map(_get_start, columns),
                                                                                       np.int64, n)
@@ -67,7 +67,10 @@ def gather_column(items: list, i: int, out: np.ndarray, tensors_of: TensorsOf = 
         for col in columns:
             total = 0
             for j in range(1, len(col), 4):
-                part = tensors_of(col[j])[col[j + 1]][col[j + 2]:col[j + 3]]
+                chunk = col[j]
+                if pending_of(chunk) is not None:  # (nothing written yet: decode the column instead)
+                    return _decode_column(columns, rows, target, tensors_of, pending_of)
+                part = tensors_of(chunk)[col[j + 1]][col[j + 2]:col[j + 3]]
                 total += len(part)
                 append(part)
             if total != rows:

@@ -102,8 +102,8 @@ def _check_dir(directory: str, recover: bool) -> str:
         children = sorted(os.listdir(directory))[:10]
         raise ValueError(f"{directory!r} is not a TFDS dataset directory: missing {missing} (it holds {children}); "
                          f"point at the directory that contains dataset_info.json, e.g. <name>/<version>")
-    # Only directories written by rlds_tf's recorder (they hold its lock file) are checked: for them the metadata
-    # lists every complete episode, and the lock tells a live writer from a dead one.
+    # Only directories an rlds_tf recorder was interrupted in (it removes its lock file on a clean close) are checked:
+    # for them the metadata lists every complete episode, and the lock tells a live writer from a dead one.
     written_by_us = os.path.exists(os.path.join(directory, _tfrecord_files.LOCK_FILE))
     if not written_by_us or _tfrecord_files.writer_is_active(directory):
         return directory

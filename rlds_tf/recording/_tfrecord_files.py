@@ -84,17 +84,31 @@ class WriterLock:
         self._fd: int | None = None
 
     def acquire(self) -> None:
-        fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError as e:
+        while True:
+            fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError as e:
+                os.close(fd)
+                raise RuntimeError(f"another process is recording into {os.path.dirname(self._path)!r} "
+                                   f"(it holds {LOCK_FILE}); use a different data_directory or stop that "
+                                   f"writer") from e
+            # A writer that closed cleanly removes the file while holding its lock: if that happened between
+            # our open and flock, we hold a lock on a removed file, so open the path again.
+            try:
+                if os.stat(self._path).st_ino == os.fstat(fd).st_ino:
+                    break
+            except FileNotFoundError:
+                pass
             os.close(fd)
-            raise RuntimeError(f"another process is recording into {os.path.dirname(self._path)!r} "
-                               f"(it holds {LOCK_FILE}); use a different data_directory or stop that writer") from e
         self._fd = fd
 
-    def release(self) -> None:
+    def release(self, *, remove: bool = False) -> None:
+        """Unlocks; `remove=True` (a clean close) also deletes the file, so only a killed writer leaves one."""
         if self._fd is not None:
+            if remove:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self._path)
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None

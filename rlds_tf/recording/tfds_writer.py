@@ -196,11 +196,13 @@ class DatasetWriter:
         if self._closed:
             return
         self._closed = True
+        closed_cleanly = False
         try:
             self._encoder.discard()
             self._writer.close_all()
+            closed_cleanly = True
         finally:
-            self._lock.release()
+            self._lock.release(remove=closed_cleanly)  # a lock file left behind marks an interrupted recording
 
     def __enter__(self) -> "DatasetWriter":
         return self

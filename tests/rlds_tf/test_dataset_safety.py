@@ -22,14 +22,16 @@ SHARD = "rlds_dataset-train.tfrecord-{:05d}"
 
 @pytest.fixture(scope="module")
 def clean(tmp_path_factory):
-    """A recorded Catch dataset: 3 episodes in shards [2, 1], the recorder's lock file left behind."""
+    """A recorded Catch dataset: 3 episodes in shards [2, 1], with the lock file a killed recorder leaves."""
     directory = str(tmp_path_factory.mktemp("clean") / "ds")
     with rlds.EnvLogger(Catch(rows=4, seed=5), data_directory=directory, max_episodes_per_file=2) as env:
         for e in range(3):
             timestep = env.reset()
             while not timestep.last():
                 timestep = env.step(e % 3)
-    assert os.path.exists(os.path.join(directory, _tfrecord_files.LOCK_FILE))
+    lock = os.path.join(directory, _tfrecord_files.LOCK_FILE)
+    assert not os.path.exists(lock)  # a clean close removes it
+    open(lock, "w").close()
     return directory
 
 

@@ -283,6 +283,27 @@ def test_gymnasium_env(tmp_path):
     assert_nested_equal(_stack(terminated_ep["steps"])["discount"], np.float64([1, 1, 0, 0]))
 
 
+def test_the_lock_file_is_there_while_recording_and_gone_after_a_clean_close(tmp_path):
+    lock = tmp_path / ".rlds_tf_writer.lock"
+    writer = TFDSBackendWriter(str(tmp_path), CATCH_CONFIG)
+    assert lock.exists()
+    writer.close()
+    assert not lock.exists()
+    TFDSBackendWriter(str(tmp_path), CATCH_CONFIG).close()  # and the directory can be recorded into again
+    assert not lock.exists()
+
+
+def test_a_writer_that_closes_with_an_error_leaves_its_lock_file(tmp_path, monkeypatch):
+    writer = TFDSBackendWriter(str(tmp_path), CATCH_CONFIG)
+
+    def full_disk():
+        raise OSError("disk full")
+    monkeypatch.setattr(writer._writer._writer, "close_all", full_disk)  # the shards' final write fails
+    with pytest.raises(OSError, match="disk full"):
+        writer.close()
+    assert (tmp_path / ".rlds_tf_writer.lock").exists()
+
+
 def test_two_writers_in_one_directory_fail(tmp_path):
     first = TFDSBackendWriter(str(tmp_path), CATCH_CONFIG)
     with pytest.raises(RuntimeError, match="another process is recording"):

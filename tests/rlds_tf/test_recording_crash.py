@@ -205,7 +205,7 @@ def test_foreign_directories_are_only_recovered_on_request(tmp_path):
     """load() repairs only rlds_tf recordings; another writer's directory needs an explicit recover()."""
     directory = str(tmp_path)
     _record(directory, 4, max_per_file=3)
-    os.unlink(os.path.join(directory, _tfrecord_files.LOCK_FILE))
+    assert not os.path.exists(os.path.join(directory, _tfrecord_files.LOCK_FILE))  # a clean close removes it
     with open(os.path.join(directory, "dataset_info.json")) as f:
         info = json.load(f)
     info["splits"][0]["shardLengths"] = ["3"]  # as envlogger leaves it: the open shard is not listed

@@ -3,8 +3,10 @@
 Run: `python -m benchmarks.run buffers`. The flashbax venv comes from `bash .ci/make_jax_venv.sh` (found
 at RL_DATA_JAX_PYTHON or ~/.cache/rl-data-jax/bin/python). Workloads (issue 4): the seed's small spec
 (action [3], lidar [5], camera [3,2] float32) and an Atari-like spec (uint8 [84,84,4], int32 action,
-float32 reward); batch_size 32, max_length 1000, sample batch 256, num_steps 2, alpha 0.6. Every call is
-made from Python, one call per add / sample, as a training loop does.
+float32 reward); batch_size 32, max_length 1000, sample batch 256, num_steps 2, alpha 0.6. Calling modes:
+from Python (one call per add / sample, tf-agents wrapped in tf.function as its agents do), inside a
+user's tf.function, inside an `as_dataset` pipeline, and a `jit_compile=True` collect loop of 100 adds
+(against flashbax's jitted `fori_loop` of 100 adds; tf-agents' CriticalSection does not compile with XLA).
 """
 from __future__ import annotations
 
@@ -73,6 +75,52 @@ def run_workloads(RB, results, prioritized=None):
         priorities = tf.random.uniform([SAMPLE], 0.1, 2.0)
         results["update_priorities"] = best_rate(lambda: (rb.update_priorities(info.ids, priorities), SAMPLE)[1])
         del rb
+
+
+def run_traced_workloads(RB, results, prioritized=None, jit_loop=True):
+    """The buffer called as TF-Agents-style code calls it: inside tf.function, in tf.data pipelines, and
+    (jit_loop) a compiled collect loop of many adds. `RB` is the plain class (no wrapper)."""
+    rb = RB(SMALL, batch_size=BATCH, max_length=LENGTH)
+    items = fill(rb, SMALL)
+    ds = iter(rb.as_dataset(sample_batch_size=SAMPLE, num_steps=STEPS,
+                            num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE))
+    results["as_dataset_256x2_autotune_small"] = best_rate(lambda: (next(ds), SAMPLE)[1])
+    del ds
+    if jit_loop:
+        @tf.function(jit_compile=True, autograph=False)
+        def collect_100(items):
+            for _ in range(100):
+                rb.add_batch(items)
+            return rb.num_frames()
+        collect_100(items)
+        results["jit_collect_100_small"] = best_rate(lambda: (collect_100(items).numpy(), 100 * BATCH)[1])
+    del rb
+    rb = RB(ATARI, batch_size=BATCH, max_length=LENGTH)
+    items = fill(rb, ATARI)
+
+    @tf.function
+    def add(items):
+        rb.add_batch(items)
+    add(items)
+    results["tf_function_add_atari"] = best_rate(lambda: (add(items), BATCH)[1])
+
+    @tf.function
+    def sample():
+        return rb.get_next(SAMPLE, STEPS)
+    sample()
+    results["tf_function_get_next_atari"] = best_rate(lambda: (sample()[0][0].shape, SAMPLE)[1])
+    del rb
+    if prioritized is not None:
+        rb = prioritized(ATARI, batch_size=BATCH, max_length=LENGTH, alpha=0.6)
+        fill(rb, ATARI)
+
+        @tf.function
+        def sample_prioritized():
+            return rb.get_next(SAMPLE, STEPS)
+        sample_prioritized()
+        results["tf_function_get_next_atari_prioritized"] = best_rate(
+            lambda: (sample_prioritized()[0][0].shape, SAMPLE)[1])
+        del rb
 '''
 
 _PEER_CODE = _COMMON + _TF_SPECS + _TF_WORKLOADS + '''
@@ -91,6 +139,7 @@ class Compiled:
 
 results = {}
 run_workloads(Compiled, results)
+run_traced_workloads(TFUniformReplayBuffer, results, jit_loop=False)  # its CriticalSection is not XLA
 for k, v in results.items():
     emit(k, v)
 '''
@@ -125,7 +174,17 @@ def run(name, spec, make):
         return SAMPLE
     results["get_next_" + name] = best_rate(do_sample)
     return buf, box
-run("small", SMALL, fbx.make_trajectory_buffer)
+buf, box = run("small", SMALL, fbx.make_trajectory_buffer)
+batch = items(SMALL)
+def collect_100(state, batch):
+    return jax.lax.fori_loop(0, 100, lambda _, s: buf.add(s, batch), state)
+collect_100 = jax.jit(collect_100, donate_argnums=0)
+box[0] = collect_100(box[0], batch)
+def do_collect():
+    box[0] = collect_100(box[0], batch)
+    jax.block_until_ready(box[0].current_index)
+    return 100 * BATCH
+results["jit_collect_100_small"] = best_rate(do_collect)
 run("atari", ATARI, fbx.make_trajectory_buffer)
 buf, box = run("atari_prioritized", ATARI,
                lambda **kw: fbx.make_prioritised_trajectory_buffer(priority_exponent=0.6, device="cpu", **kw))
@@ -195,6 +254,7 @@ def _ours() -> tuple[dict, dict]:
     exec(_COMMON + _TF_SPECS + _TF_WORKLOADS, namespace)
     results: dict = {}
     namespace["run_workloads"](replay_tf.UniformReplayBuffer, results, replay_tf.PrioritizedReplayBuffer)
+    namespace["run_traced_workloads"](replay_tf.UniformReplayBuffer, results, replay_tf.PrioritizedReplayBuffer)
     # Memory: RSS growth of building and filling an Atari buffer vs capacity x bytes per item.
     before = _rss_bytes()
     rb = replay_tf.UniformReplayBuffer(namespace["ATARI"], batch_size=BATCH, max_length=LENGTH)
@@ -233,6 +293,16 @@ def main() -> None:
     row("update_priorities, 256 ids per call", "update_priorities", "updates/s", fbx, "flashbax")
     row("as_dataset(sample_batch_size=256) small spec", "as_dataset_256_small", "samples/s", peer,
         "tf-agents")
+    # Inside TF programs, as TF-Agents-style code calls the buffer (both sides traced the same way).
+    row("as_dataset(256, num_steps=2, AUTOTUNE) small spec", "as_dataset_256x2_autotune_small", "samples/s",
+        peer, "tf-agents")
+    row("add_batch in tf.function (1 add/call) Atari", "tf_function_add_atari", "frames/s", peer, "tf-agents")
+    row("get_next(256, 2) in tf.function Atari", "tf_function_get_next_atari", "samples/s", peer, "tf-agents")
+    row("jit_compile'd loop of 100 add_batch small spec", "jit_collect_100_small", "frames/s", fbx,
+        "flashbax fori_loop")
+    row("prioritized get_next(256, 2) in tf.function Atari", "tf_function_get_next_atari_prioritized",
+        "samples/s", {"tf_function_get_next_atari_prioritized": fbx.get("get_next_atari_prioritized")},
+        "flashbax")
     row("as_dataset().batch(256) small spec", "as_dataset_unbatched_small", "samples/s", peer, "tf-agents")
     two_frames = STEPS * ATARI_BYTES
     rows.append({"workload": "get_next Atari sampled bytes (GB/s)",

@@ -469,7 +469,9 @@ class UniformReplayBuffer(tf.Module):
         draws that reads the live buffer. With `sample_batch_size=None` samples are drawn
         `_UNBATCHED_CHUNK` at a time while the buffer does not change, which keeps `.batch(256)` after it
         fast; a chunk is redrawn as soon as an add or a clear has moved `last_id`, so each element (and
-        its probability) reflects the buffer when it is produced, as in TF-Agents.
+        its probability) reflects the buffer when it is produced, as in TF-Agents. That check is a
+        tf.data function call per element; `as_dataset(sample_batch_size=N)` draws whole batches
+        without it, and is the fast way to sample batches.
 
         `single_deterministic_pass=True`: every stored step once, segment by segment in time order (with
         `sample_batch_size`, `sample_batch_size` segments side by side), windowed by `num_steps` with

@@ -31,6 +31,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -41,6 +42,7 @@ SCRIPT = pathlib.Path(__file__).resolve().parent / "tf_agents_scripts" / "train_
 NOTEBOOK = REPO_ROOT / "notebooks" / "006_tf_agents_on_current_tf.ipynb"
 SCRIPT_TIMEOUT_S = 400
 SERVE_START_TIMEOUT_S = 120
+EXIT_GRACE_S = 60
 # Collect/train steps of DQN (one environment step, one batch of 64 per step) and collect/train iterations
 # of PPO (500 environment steps, 4 epochs of minibatches of 64 per iteration): enough to lift the greedy
 # return far above its start on CartPole with margin for the unseeded sampling order.
@@ -120,11 +122,27 @@ def _train(python: str, work_dir: pathlib.Path, agent: str, iterations: int, *,
            "--root-dir", str(work_dir / "root"), "--out", str(out)]
     if server_address is not None:
         cmd += ["--server-address", server_address]
-    proc = subprocess.run(cmd, cwd=work_dir, env=_venv_env(), capture_output=True, text=True,
-                          timeout=SCRIPT_TIMEOUT_S)
-    if proc.returncode != 0 or not out.exists():
-        pytest.fail(f"training {agent} in the TF-Agents venv failed (exit {proc.returncode}):\n"
-                    f"{(proc.stdout + proc.stderr)[-6000:]}")
+    log = work_dir / f"{agent}.log"
+    with open(log, "wb") as log_file:
+        proc = subprocess.Popen(cmd, cwd=work_dir, env=_venv_env(), stdout=log_file, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + SCRIPT_TIMEOUT_S
+        exit_deadline = None
+        while (returncode := proc.poll()) is None:
+            # The result is written just before the script returns: a process still there `EXIT_GRACE_S`
+            # later trained and then failed to exit (e.g. blocked in garbage collection at interpreter
+            # shutdown), as a user's training job would.
+            if exit_deadline is None and out.exists():
+                exit_deadline = time.monotonic() + EXIT_GRACE_S
+            if time.monotonic() > min(deadline, exit_deadline or deadline):
+                proc.kill()
+                proc.wait()
+                state = "wrote its result but did not exit" if exit_deadline else "did not finish"
+                pytest.fail(f"training {agent} in the TF-Agents venv {state}:\n"
+                            f"{log.read_text(errors='replace')[-6000:]}")
+            time.sleep(1)
+    if returncode != 0 or not out.exists():
+        pytest.fail(f"training {agent} in the TF-Agents venv failed (exit {returncode}):\n"
+                    f"{log.read_text(errors='replace')[-6000:]}")
     return json.loads(out.read_text())
 
 

@@ -24,10 +24,12 @@ _SOURCES: dict = {}
 _KEYS = itertools.count()
 
 
-def batches(make_generator: Callable, args: tuple, element_spec: Any) -> tf.data.Dataset:
+def batches(make_generator: Callable, args: tuple, element_spec: Any,
+            wrap: Callable[[Any], Any] = lambda generator: generator) -> tf.data.Dataset:
     """The elements of `make_generator(*args)` (a new generator per iterator; `args` as `from_generator`
     passes them: bytes for strings), each a flat list of arrays matching `element_spec` (a nest of
-    `tf.TensorSpec`s) flattened by `tree`."""
+    `tf.TensorSpec`s) flattened by `tree`. `wrap` wraps the generator that `from_generator` runs (the one
+    that opens and closes `make_generator`'s), e.g. `_generator_exit.ending_at_exit`."""
     flat_specs = tree.flatten(element_spec)
     dtypes = [spec.dtype for spec in flat_specs]
 
@@ -61,5 +63,6 @@ def batches(make_generator: Callable, args: tuple, element_spec: Any) -> tf.data
         # input's cardinality and raises instead), so no per-element predicate is needed.
         return tf.compat.v1.data.Dataset.from_tensors(key).repeat().map(read)
 
-    keys = tf.data.Dataset.from_generator(start, output_signature=tf.TensorSpec([], tf.int64), args=args)
+    keys = tf.data.Dataset.from_generator(lambda *generator_args: wrap(start(*generator_args)),
+                                          output_signature=tf.TensorSpec([], tf.int64), args=args)
     return keys.flat_map(per_iterator)

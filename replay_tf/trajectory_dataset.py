@@ -268,7 +268,8 @@ class TrajectoryDataset(_lazy_dataset.LazyDatasetV1):
             return _generator_exit.ending_at_exit(self._generate_flat(
                 batch_size, drop_remainder, server_address=server_address.decode(), table=table.decode()))
 
-        return _batch_source.batches(generate, (self._server_address, self._table), self._batch_specs(None))
+        return _batch_source.batches(generate, (self._server_address, self._table), self._batch_specs(None),
+                                     wrap=_generator_exit.ending_at_exit)
 
     def _build_dataset(self) -> tf.data.Dataset:
         return self._from_generator().unbatch()  # also drops the empty batches yielded while blocked

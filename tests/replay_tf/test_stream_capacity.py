@@ -135,11 +135,12 @@ start = threading.Barrier(num_actors)
 def actor(index):
     try:
         with remote_client(address).trajectory_writer(1) as writer:
-            start.wait(120)  # every actor's stream is open before the first item
             for i in range(items):
                 writer.append({"x": index * 1000 + i})
                 writer.create_item("data", 1.0, {"x": writer.history["x"][-1]})
-            writer.flush(timeout_ms=60_000)
+                writer.flush(timeout_ms=60_000)
+                if i == 0:
+                    start.wait(120)  # every actor's stream is open (its first item confirmed) before the rest
     except Exception as e:
         errors.append(f"actor {index}: {type(e).__name__}: {e}")
 threads = [threading.Thread(target=actor, args=(i,)) for i in range(num_actors)]
@@ -164,16 +165,18 @@ def test_200_actors_and_50_samplers_blocked_on_rate_limiters():
         actors = subprocess.Popen([sys.executable, "-c", _ACTORS, address, str(num_actors), str(items)],
                                   cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                   env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
-        latencies = []
+        latencies, most_open = [], 0
         deadline = time.monotonic() + 240
         while actors.poll() is None:
             assert time.monotonic() < deadline, "the actors did not finish in 240 s"
             latencies.append(_server_info_seconds(address))
+            most_open = max(most_open, server._service.streams.open)
             time.sleep(0.2)
         out, err = actors.communicate(timeout=30)
         assert "ERRORS []" in out and "DONE 0" in out, (out, err[-3000:])
         assert server.tables["data"].size() == num_actors * items
         assert max(latencies) < SERVER_INFO_BOUND_S, sorted(latencies)[-5:]
+        assert most_open >= 50 + num_actors, most_open  # every actor's stream and every sampler's at once
         # The samplers waited all along, and each still gets an item now.
         with remote_client(address).trajectory_writer(1) as writer:
             for i in range(50):

@@ -8,6 +8,7 @@ from a table than the dataset yields, as Reverb's sampler guarantees (a Queue ta
 from __future__ import annotations
 
 import queue
+import sys
 import threading
 from typing import Callable, NamedTuple, Optional
 
@@ -157,7 +158,10 @@ class ParallelStreams:
         """Stops the workers (each notices within one poll) and closes their streams; samples a worker
         had taken and not handed over are dropped, as Reverb drops an iterator's in-flight samples."""
         self._stop.set()
-        for thread in self._threads:
-            thread.join()
+        # At interpreter exit (a dataset iterator collected during finalization) the daemon workers can no
+        # longer run, so joining them would block forever; they end with the process.
+        if not sys.is_finalizing():
+            for thread in self._threads:
+                thread.join()
         for stream in self._streams:
             stream.close()

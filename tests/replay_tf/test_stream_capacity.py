@@ -190,3 +190,42 @@ def test_200_actors_and_50_samplers_blocked_on_rate_limiters():
             actors.communicate()
         opener.close()
         server.stop()
+
+
+def test_serve_refuses_a_bad_max_streams(tmp_path, capsys):
+    from replay_tf import cli
+    config = tmp_path / "tables.json"
+    config.write_text('{"tables": [{"name": "q", "queue": 10}]}')
+    assert cli.main(["serve", "--config", str(config), "--max-streams", "0"]) == 1
+    assert "max_streams (0) must be a positive int" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # a server process
+def test_serve_max_streams_option(tmp_path):
+    config = tmp_path / "tables.json"
+    config.write_text('{"tables": [{"name": "gate", "queue": 10}]}')
+    serve = subprocess.Popen([sys.executable, "-m", "replay_tf.cli", "serve", "--config", str(config),
+                              "--max-streams", "2"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    opener = None
+    try:
+        deadline = time.monotonic() + 120
+        for line in serve.stdout:  # (the server prints its address once it serves)
+            if "serving tables" in line:
+                break
+            assert time.monotonic() < deadline, "replay-tf serve did not start in 120 s"
+        assert "serving tables" in line, line
+        address = line.rsplit(" on ", 1)[1].split()[0]
+        opener = StreamOpener(address)
+        opener.open(1)
+        opener.open(1, first_request=sample_request("gate"))
+        time.sleep(1.0)  # both reached the server's handlers
+        refused = opener.open(1)
+        assert opener.codes(refused, timeout=10) == [grpc.StatusCode.RESOURCE_EXHAUSTED]
+        assert "2 open streams" in opener.details(refused[0])
+        assert _server_info_seconds(address) < SERVER_INFO_BOUND_S
+    finally:
+        if opener is not None:
+            opener.close()
+        serve.kill()
+        serve.communicate(timeout=30)

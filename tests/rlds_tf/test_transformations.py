@@ -249,3 +249,27 @@ def test_blocked_gather_path_matches_window_path(size, shift, stride, drop):
     want = flexible_batch._windows_by_dataset(ds, size, shift, stride, drop)
     flat = lambda d: [{k: v.numpy().tolist() for k, v in e.items()} for e in d]  # noqa: E731
     assert flat(ours) == flat(want)
+
+
+def _stats_episodes():
+    steps = {"x": tf.constant([[1., 5.], [3., 7.], [5., 0.], [9., 2.]]), "is_last": [False, False, False, True]}
+    return tf.data.Dataset.from_tensors({"steps": tf.data.Dataset.from_tensor_slices(steps)})
+
+
+def test_mean_and_std_with_a_mask_per_element_counts_each_element_apart():
+    mean, std = T.mean_and_std(
+        _stats_episodes(), lambda s: ({"x": s["x"]}, {"x": s["x"] < 6}), optimization_batch_size=3)
+    # column 0 keeps [1, 3, 5], column 1 keeps [5, 0, 2] (hand-computed)
+    np.testing.assert_allclose(mean["x"].numpy(), [3.0, 7 / 3])
+    np.testing.assert_allclose(std["x"], [2.0, np.std([5., 0., 2.], ddof=1)])
+
+
+@pytest.mark.parametrize("get_step_fields, error, message", [
+    (lambda s: {"x": s["x"]}, TypeError, r"must return a \(data dict, mask dict\) pair, got dict"),
+    (lambda s: ({"x": s["x"]}, {}), ValueError, r"no mask for field\(s\) \['x'\]"),
+    (lambda s: ({"x": s["x"]}, {"x": tf.constant([True, False, True])}), ValueError,
+     r"mask of field 'x' has shape \(3,\), which is neither a scalar nor broadcastable to the field's shape \(2,\)"),
+])
+def test_mean_and_std_names_what_get_step_fields_got_wrong(get_step_fields, error, message):
+    with pytest.raises(error, match=message):
+        T.mean_and_std(_stats_episodes(), get_step_fields)

@@ -154,13 +154,14 @@ class ParallelStreams:
                 raise value
             return value
 
-    def close(self) -> None:
+    def close(self, _is_finalizing=sys.is_finalizing) -> None:
         """Stops the workers (each notices within one poll) and closes their streams; samples a worker
         had taken and not handed over are dropped, as Reverb drops an iterator's in-flight samples."""
         self._stop.set()
         # At interpreter exit (a dataset iterator collected during finalization) the daemon workers can no
-        # longer run, so joining them would block forever; they end with the process.
-        if not sys.is_finalizing():
+        # longer run, so joining them would block forever; they end with the process. (`_is_finalizing` is bound
+        # at definition: during finalization this module's `sys` global may already be None.)
+        if not _is_finalizing():
             for thread in self._threads:
                 thread.join()
         for stream in self._streams:

@@ -729,14 +729,17 @@ class GrpcService:
     """A running gRPC listener for a `Server`'s tables; `stop()` ends every call and releases the port."""
 
     def __init__(self, grpc_server: grpc.Server, port: int, servicer: ReverbServicer,
-                 slots: Optional[_stream_slots.StreamSlots] = None):
+                 slots: Optional[_stream_slots.StreamSlots] = None, pool=None):
         self._grpc_server = grpc_server
         self.port = port
         self.servicer = servicer
         self.streams = slots  # open streams and their limit
+        self._pool = pool
 
     def stop(self, grace_s: Optional[float] = None) -> None:
         self._grpc_server.stop(grace_s).wait(timeout=10)
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)  # its idle threads (one per stream once open at the same time) end
 
 
 class _TokenInterceptor(grpc.ServerInterceptor):
@@ -869,4 +872,4 @@ def start(server, *, host: Optional[str] = None, port: Optional[int] = None,
         pool.shutdown(wait=False)
         raise ValueError(f"could not bind the replay service to {bind_host}:{port} (port in use?)") from error
     grpc_server.start()
-    return GrpcService(grpc_server, bound, servicer, slots)
+    return GrpcService(grpc_server, bound, servicer, slots, pool)

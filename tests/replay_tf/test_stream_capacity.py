@@ -4,6 +4,7 @@ RESOURCE_EXHAUSTED while unary calls stay served; unauthenticated calls are refu
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import grpc
@@ -229,3 +230,24 @@ def test_serve_max_streams_option(tmp_path):
             opener.close()
         serve.kill()
         serve.communicate(timeout=30)
+
+
+def _pool_threads(name_prefix: str) -> int:
+    return sum(t.name.startswith(name_prefix) for t in threading.enumerate())
+
+
+def test_stop_ends_the_threads_that_served_streams():
+    server = reverb.Server(_tables())
+    address = f"localhost:{server.port}"
+    opener = StreamOpener(address)
+    try:
+        opener.open(40)
+        _wait_open_streams(server, 40)
+        assert _pool_threads("replay_tf-grpc") >= 40
+    finally:
+        opener.close()
+        server.stop()
+    deadline = time.monotonic() + 10
+    while _pool_threads("replay_tf-grpc"):
+        assert time.monotonic() < deadline, f"{_pool_threads('replay_tf-grpc')} server threads left"
+        time.sleep(0.05)

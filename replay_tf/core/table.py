@@ -408,6 +408,7 @@ class Table:
         for key, priority in updates:
             self.check_priority(key, priority)
         with self._lock:
+            self._check_inserts_accepted("priority updates or deletes")
             for key in deletes:
                 item = self._items.get(int(key))
                 if item is not None:
@@ -422,6 +423,7 @@ class Table:
     def reset(self) -> None:
         """Deletes every item and resets the rate limiter and the episode and sample counters."""
         with self._lock:
+            self._check_inserts_accepted("resets")
             self._items.clear()
             self._sampler.clear()
             self._remover.clear()
@@ -433,8 +435,9 @@ class Table:
             self._sample_cv.notify_all()
 
     def refuse_inserts(self) -> None:
-        """Makes every blocked and future insert fail with `UnavailableError` (sampling goes on): once this
-        returns, no item enters the table, so a checkpoint taken then holds every item an insert confirmed."""
+        """Makes every blocked and future insert, priority update, delete and reset fail with
+        `UnavailableError` (sampling goes on): once this returns, no confirmed change reaches the table, so a
+        checkpoint taken then holds every change a call confirmed."""
         with self._lock:
             self._refusing_inserts = True
             self._insert_cv.notify_all()
@@ -555,11 +558,11 @@ class Table:
 
     # --- internals (called with the lock held) ---
 
-    def _check_inserts_accepted(self) -> None:
+    def _check_inserts_accepted(self, what: str = "inserts") -> None:
         if self._refusing_inserts:
             self._check_open()
-            raise errors.UnavailableError(f"Table '{self._name}' accepts no inserts: its server is shutting down. "
-                                          f"Send the item again once the server is back.")
+            raise errors.UnavailableError(f"Table '{self._name}' accepts no {what}: its server is shutting down. "
+                                          f"Send the call again once the server is back.")
 
     def _check_open(self) -> None:
         if self._closed:

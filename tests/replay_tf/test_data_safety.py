@@ -500,6 +500,34 @@ class _KeyedWriter:
         self._thread.join(60)
 
 
+@pytest.mark.parametrize("remote", [False, True], ids=["in_process", "grpc"])
+def test_a_draining_server_refuses_priority_updates_deletes_and_resets(remote, monkeypatch):
+    # After refuse_inserts (the first step of serve's exit) the exit checkpoint must hold every confirmed
+    # change, so changes other than inserts are refused too; sampling goes on.
+    if remote:
+        from replay_tf import _grpc_transport
+        from replay_tf import client as client_lib
+        monkeypatch.setattr(client_lib, "make_transport", _grpc_transport.Transport)
+    server = reverb.Server([_uniform_table()])
+    try:
+        client = reverb.Client(f"localhost:{server.port}")
+        assert type(client._transport).__module__.endswith("_grpc_transport" if remote else "_inprocess_transport")
+        client.insert([np.float32(1.0)], {"t": 1.0})
+        [key] = [s[0].info.key for s in client.sample("t", 1)]
+        server.refuse_inserts()
+        for call in (lambda: client.mutate_priorities("t", updates={key: 5.0}),
+                     lambda: client.mutate_priorities("t", deletes=[key]),
+                     lambda: client.reset("t")):
+            with pytest.raises(reverb.errors.UnavailableError if not remote else reverb.errors.ReverbError,
+                               match="accepts no (priority updates or deletes|resets): its server is shutting down"):
+                call()
+        table = server.tables["t"]
+        assert table.size() == 1 and table.get_item(key).priority == 1.0
+        assert len(list(client.sample("t", 1))) == 1
+    finally:
+        server.stop()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("stop_signal", ["SIGTERM", "SIGHUP"])
 def test_serve_stopped_while_a_writer_inserts_checkpoints_every_confirmed_item(tmp_path, stop_signal):

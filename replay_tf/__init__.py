@@ -3,13 +3,11 @@
 `import replay_tf as reverb` serves code written for dm-reverb; `replay_tf.TFUniformReplayBuffer` serves
 code written for `tf_agents.replay_buffers`.
 """
-# The public names load on first attribute access (PEP 562), all at once from replay_tf/_exports.py, so that
-# importing the package or one of its submodules (e.g. `replay_tf.cli`, whose --help must not wait for
-# TensorFlow) does not import TensorFlow. `from replay_tf import X`, `replay_tf.X`, `import *` and dir() work as if
-# the names were imported here.
-import importlib as _importlib
-import importlib.util as _importlib_util
+# The public names load on first attribute access, all at once from replay_tf/_exports.py (see
+# rlds_tf._lazy_names), so that importing a submodule such as `replay_tf.cli` does not import TensorFlow.
 import typing as _typing
+
+from rlds_tf import _lazy_names
 
 if _typing.TYPE_CHECKING:
     from replay_tf._exports import *  # noqa: F401,F403
@@ -63,26 +61,4 @@ __all__ = [
     "register_as_reverb",
 ]
 
-
-
-def __getattr__(name: str):
-    """Imports the submodule `name`, or loads every public name from replay_tf/_exports.py and returns one."""
-    if name.startswith("__"):
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    # A submodule loads alone: `from replay_tf import <submodule>` inside the package reaches here too, and
-    # loading every public name from there would re-enter modules that are still initializing.
-    if _importlib_util.find_spec(f"{__name__}.{name}") is not None:
-        return _importlib.import_module(f"{__name__}.{name}")
-    if name in __all__:
-        exports = _importlib.import_module(f"{__name__}._exports")  # imports TensorFlow
-        namespace = globals()
-        for public in __all__:
-            if public not in namespace and hasattr(exports, public):
-                namespace[public] = getattr(exports, public)
-        if name in namespace:
-            return namespace[name]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = _lazy_names.module_hooks(__name__, __all__, globals())

@@ -219,7 +219,7 @@ class SampleStream:
         A one-row chunk (Reverb's writers and ours send big steps one per chunk) stays encoded and is not
         cached: every slice of it is all of it, so `TrajectoryDataset` decodes it straight into its batch
         (its `tensors` decode on first access otherwise), and keeping it would cost a copy of its content
-        all the same while crowding the cache (Atari samples: ~15% less CPU without). Longer chunks, whose
+        all the same while crowding the cache. Longer chunks, whose
         slices overlap, are decoded now, once per call: `cache` keeps them while they have the most rows
         seen for their key."""
         r = proto.sequence_range

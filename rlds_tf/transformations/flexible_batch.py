@@ -30,8 +30,8 @@ from rlds_tf.transformations import shape_ops
 
 BATCH_AUTO_TUNE = -1
 DEFAULT_BATCH_SIZE_IN_BYTES = 200_000
-# Input rows per block on the blocked path: about this many bytes (measured: blocks that stay in cache
-# beat larger ones; the scan's per-block cost is ~0.1 ms, so blocks much smaller than this lose too) ...
+# Input rows per block on the blocked path: about this many bytes (blocks that stay in cache beat larger
+# ones, and the scan's fixed cost per block makes much smaller ones lose too) ...
 _BLOCK_BYTES = 512 * 1024
 # ... and at most this many rows, however small the rows are.
 _MAX_BLOCK_ELEMENTS = 4096

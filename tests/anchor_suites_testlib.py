@@ -19,7 +19,10 @@ import dataclasses
 import json
 import os
 import pathlib
+import queue
 import subprocess
+import sys
+import threading
 import textwrap
 import xml.etree.ElementTree as ElementTree
 from typing import Callable, Optional
@@ -283,3 +286,60 @@ def summary_line(suite: Suite, result: SuiteResult, excluded: set[str]) -> str:
     return (f"anchor suite {suite.path}: {counts['passed']}/{total} passed, {len(not_passed)} failing "
             f"({excluded_now} of them excluded), {counts['skipped']} skipped")
 
+
+
+# --- running scripts in that venv, and a `replay-tf serve` process beside them ---
+
+SERVE_START_TIMEOUT_S = 120
+
+
+def venv_env(*extra_paths: pathlib.Path) -> dict:
+    """The environment of a script run in the TF-Agents venv: the repository (and `extra_paths`) importable,
+    Keras 2 for TF-Agents, no GPU, no pytest options of this run."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTEST_ADDOPTS")}
+    env.update(PYTHONPATH=os.pathsep.join([str(REPO_ROOT), *map(str, extra_paths)]), TF_USE_LEGACY_KERAS="1",
+               TF_CPP_MIN_LOG_LEVEL="2", PYTHONDONTWRITEBYTECODE="1", CUDA_VISIBLE_DEVICES="")
+    return env
+
+
+class ServeProcess:
+    """`python -m replay_tf.cli serve` (this environment's Python) on a free loopback port, checkpointing into
+    `checkpoint_dir` when given; `address` once it serves."""
+
+    def __init__(self, config: pathlib.Path, log: pathlib.Path, *, checkpoint_dir: Optional[pathlib.Path] = None):
+        env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+        args = ["--checkpoint-dir", str(checkpoint_dir)] if checkpoint_dir is not None else []
+        self._log = open(log, "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "replay_tf.cli", "serve", "--config", str(config), "--host", "localhost",
+             *args, "--stats-interval", "3600"],
+            cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=self._log, text=True)
+        self._lines: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+        prefix = "replay-tf: serving tables "
+        try:
+            line = self._lines.get(timeout=SERVE_START_TIMEOUT_S) or ""
+        except queue.Empty:
+            line = ""
+        if not line.startswith(prefix):
+            self.stop()
+            raise RuntimeError(f"replay-tf serve did not start (got {line!r}):\n{log.read_text()[-3000:]}")
+        self.address = line.rsplit(" on ", 1)[1].split()[0]
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self._lines.put(line)
+        self._lines.put(None)
+
+    def stop(self) -> int:
+        """Stops the server (SIGTERM, then SIGKILL after a minute); returns its exit status."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc.stdout.close()
+        self._log.close()
+        return self.proc.returncode

@@ -28,10 +28,7 @@ import importlib.util
 import json
 import os
 import pathlib
-import queue
 import subprocess
-import sys
-import threading
 
 import pytest
 
@@ -61,16 +58,9 @@ RLDS_CHECKS = [
 ]
 SERVER_KINDS = ("in_process", "serve")
 SCRIPT_TIMEOUT_S = 400
-SERVE_START_TIMEOUT_S = 120
+SERVE_START_TIMEOUT_S = anchor_suites_testlib.SERVE_START_TIMEOUT_S
 
 _reports: dict[str, dict] = {}
-
-
-def _venv_env() -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTEST_ADDOPTS")}
-    env.update(PYTHONPATH=os.pathsep.join([str(REPO_ROOT), str(SCRIPTS)]), TF_USE_LEGACY_KERAS="1",
-               TF_CPP_MIN_LOG_LEVEL="2", PYTHONDONTWRITEBYTECODE="1", CUDA_VISIBLE_DEVICES="")
-    return env
 
 
 def serve_config(work_dir: pathlib.Path) -> pathlib.Path:
@@ -85,45 +75,6 @@ def serve_config(work_dir: pathlib.Path) -> pathlib.Path:
     return path
 
 
-class _Serve:
-    """`python -m replay_tf.cli serve` on a free loopback port; `address` once it serves."""
-
-    def __init__(self, config: pathlib.Path, log: pathlib.Path):
-        env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
-        self._log = open(log, "wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "replay_tf.cli", "serve", "--config", str(config), "--host", "localhost",
-             "--stats-interval", "3600"], cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=self._log,
-            text=True)
-        lines: queue.Queue = queue.Queue()
-
-        def read_stdout():
-            for line in self.proc.stdout:
-                lines.put(line)
-
-        threading.Thread(target=read_stdout, daemon=True).start()
-        prefix = "replay-tf: serving tables "
-        try:
-            line = lines.get(timeout=SERVE_START_TIMEOUT_S)
-        except queue.Empty:
-            line = ""
-        if not line.startswith(prefix):
-            self.stop()
-            raise RuntimeError(f"replay-tf serve did not start (got {line!r}):\n{log.read_text()[-3000:]}")
-        self.address = line.rsplit(" on ", 1)[1].split()[0]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc.stdout.close()
-        self._log.close()
-
-
 def run_checks(python: str, kind: str, work_dir: pathlib.Path) -> dict:
     """Runs every check against a server of `kind` in one venv process; returns the JSON report."""
     report = work_dir / f"report-{kind}.json"
@@ -131,12 +82,12 @@ def run_checks(python: str, kind: str, work_dir: pathlib.Path) -> dict:
            "--report", str(report)]
     serve = None
     if kind == "serve":
-        serve = _Serve(serve_config(work_dir), work_dir / "serve.log")
+        serve = anchor_suites_testlib.ServeProcess(serve_config(work_dir), work_dir / "serve.log")
         cmd += ["--address", serve.address]
     else:
         cmd += ["--rlds"]
     try:
-        proc = subprocess.run(cmd, cwd=work_dir, env=_venv_env(), capture_output=True, text=True,
+        proc = subprocess.run(cmd, cwd=work_dir, env=anchor_suites_testlib.venv_env(SCRIPTS), capture_output=True, text=True,
                               timeout=SCRIPT_TIMEOUT_S)
     finally:
         if serve is not None:

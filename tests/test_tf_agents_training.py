@@ -26,11 +26,8 @@ import importlib.util
 import json
 import os
 import pathlib
-import queue
 import re
 import subprocess
-import sys
-import threading
 import time
 
 import pytest
@@ -41,7 +38,7 @@ REPO_ROOT = anchor_suites_testlib.REPO_ROOT
 SCRIPT = pathlib.Path(__file__).resolve().parent / "tf_agents_scripts" / "train_cartpole.py"
 NOTEBOOK = REPO_ROOT / "notebooks" / "006_tf_agents_on_current_tf.ipynb"
 SCRIPT_TIMEOUT_S = 400
-SERVE_START_TIMEOUT_S = 120
+SERVE_START_TIMEOUT_S = anchor_suites_testlib.SERVE_START_TIMEOUT_S
 EXIT_GRACE_S = 60
 # Collect/train steps of DQN (one environment step, one batch of 64 per step) and collect/train iterations
 # of PPO (500 environment steps, 4 epochs of minibatches of 64 per iteration): enough to lift the greedy
@@ -65,55 +62,6 @@ def _load_script_module():
 train_cartpole = _load_script_module()
 
 
-def _venv_env() -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTEST_ADDOPTS")}
-    env.update(PYTHONPATH=str(REPO_ROOT), TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2",
-               PYTHONDONTWRITEBYTECODE="1", CUDA_VISIBLE_DEVICES="")
-    return env
-
-
-class _Serve:
-    """`python -m replay_tf.cli serve` (this environment's Python) on a free loopback port, checkpointing
-    into `checkpoint_dir`; `address` once it serves."""
-
-    def __init__(self, config: pathlib.Path, checkpoint_dir: pathlib.Path, log: pathlib.Path):
-        env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
-        self._log = open(log, "wb")
-        self._log_path = log
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "replay_tf.cli", "serve", "--config", str(config), "--host", "localhost",
-             "--checkpoint-dir", str(checkpoint_dir), "--stats-interval", "3600"],
-            cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=self._log, text=True)
-        self._lines: queue.Queue = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-        prefix = "replay-tf: serving tables "
-        try:
-            line = self._lines.get(timeout=SERVE_START_TIMEOUT_S) or ""
-        except queue.Empty:
-            line = ""
-        if not line.startswith(prefix):
-            self.stop()
-            raise RuntimeError(f"replay-tf serve did not start (got {line!r}):\n{log.read_text()[-3000:]}")
-        self.address = line.rsplit(" on ", 1)[1].split()[0]
-
-    def _read(self):
-        for line in self.proc.stdout:
-            self._lines.put(line)
-        self._lines.put(None)
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc.stdout.close()
-        self._log.close()
-        return self.proc.returncode
-
-
 def _train(python: str, work_dir: pathlib.Path, agent: str, iterations: int, *,
            server_address: str | None = None) -> dict:
     """Runs the training script in the venv; returns its JSON result."""
@@ -124,7 +72,7 @@ def _train(python: str, work_dir: pathlib.Path, agent: str, iterations: int, *,
         cmd += ["--server-address", server_address]
     log = work_dir / f"{agent}.log"
     with open(log, "wb") as log_file:
-        proc = subprocess.Popen(cmd, cwd=work_dir, env=_venv_env(), stdout=log_file, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, cwd=work_dir, env=anchor_suites_testlib.venv_env(), stdout=log_file, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + SCRIPT_TIMEOUT_S
         exit_deadline = None
         while (returncode := proc.poll()) is None:
@@ -193,7 +141,7 @@ def test_dqn_learns_cartpole_with_a_replay_tf_serve_process(tf_agents_python, tm
     config = tmp_path / "tables.json"
     config.write_text(json.dumps(train_cartpole.TABLES_CONFIG["dqn"]))
     checkpoint_dir = tmp_path / "checkpoints"
-    serve = _Serve(config, checkpoint_dir, tmp_path / "serve.log")
+    serve = anchor_suites_testlib.ServeProcess(config, tmp_path / "serve.log", checkpoint_dir=checkpoint_dir)
     try:
         result = _train(tf_agents_python, tmp_path, "dqn", DQN_ITERATIONS, server_address=serve.address)
         # Written by ReverbCheckpointTrigger over gRPC (the server's own exit checkpoint comes after stop).
@@ -220,7 +168,6 @@ def test_serve_config_builds_the_tables_the_in_process_server_has():
 
 
 _EXECUTE_NOTEBOOK = """
-import sys
 import nbclient
 import nbformat
 sys.path.insert(0, sys.argv[1])
@@ -244,7 +191,7 @@ def test_notebook_006_runs(tf_agents_python, tmp_path):
     work_dir.mkdir()
     proc = subprocess.run(
         [tf_agents_python, "-c", _EXECUTE_NOTEBOOK, str(REPO_ROOT / "notebooks"), str(NOTEBOOK), str(work_dir),
-         str(executed)], cwd=tmp_path, env=_venv_env(), capture_output=True, text=True, timeout=SCRIPT_TIMEOUT_S)
+         str(executed)], cwd=tmp_path, env=anchor_suites_testlib.venv_env(), capture_output=True, text=True, timeout=SCRIPT_TIMEOUT_S)
     assert proc.returncode == 0 and executed.exists(), (proc.stdout + proc.stderr)[-6000:]
     notebook = nbformat.read(executed, as_version=4)
     cells = [cell for cell in notebook.cells if cell.cell_type == "code"]

@@ -236,12 +236,11 @@ def run(python: str, suites: list[Suite], work_dir: pathlib.Path, *, per_test_ti
     """Runs `suites` (one package's) in one pytest process of the venv; returns each suite's outcomes."""
     target = prepare(python, suites, work_dir)
     junit = target / "junit.xml"
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTEST_ADDOPTS")}
-    env.update(PYTHONPATH=str(REPO_ROOT), TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2",
-               PYTHONDONTWRITEBYTECODE="1")
-    cmd = [python, "-m", "pytest", "-q", "-rN", f"--junitxml={junit}", f"--timeout={per_test_timeout_s}",
-           "-p", "no:randomly", *[s.file_name for s in suites]]
-    proc = subprocess.run(cmd, cwd=target, env=env, capture_output=True, text=True, timeout=timeout_s)
+    # --tb=native: pytest's own traceback formatting re-parses each frame's source with ast.parse, which
+    # CPython 3.11 can fail ("AST constructor recursion depth mismatch") on a deep failure, ending the run.
+    cmd = [python, "-m", "pytest", "-q", "-rN", "--tb=native", f"--junitxml={junit}",
+           f"--timeout={per_test_timeout_s}", "-p", "no:randomly", *[s.file_name for s in suites]]
+    proc = subprocess.run(cmd, cwd=target, env=venv_env(), capture_output=True, text=True, timeout=timeout_s)
     tail = (proc.stdout + proc.stderr)[-6000:]
     if not junit.exists():
         raise RuntimeError(f"pytest in the anchor-suite venv wrote no report (exit {proc.returncode}):\n{tail}")

@@ -168,6 +168,7 @@ def test_serve_config_builds_the_tables_the_in_process_server_has():
 
 
 _EXECUTE_NOTEBOOK = """
+import sys
 import nbclient
 import nbformat
 sys.path.insert(0, sys.argv[1])

@@ -474,18 +474,28 @@ def chunk_from_proto(proto: schema_pb2.ChunkData, serialized: Optional[bytes] = 
     return chunk, headers
 
 
-_SCRATCH_BYTES = 1 << 20  # per thread: contents up to this size are decompressed into a reused buffer
-_scratch = threading.local()
+_SCRATCH_BYTES = 1 << 20  # contents up to this size are decompressed into a reused buffer ...
+_SCRATCH_KEPT = 8         # ... of at most this many, however many threads decompress at once
+_scratch_free: list = []
+_scratch_lock = threading.Lock()
 
 
-def _scratch_buffer(size: int) -> np.ndarray:
-    """A buffer of at least `size` bytes to decompress into and drop: this thread's, when small enough."""
-    out = getattr(_scratch, "buffer", None)
-    if out is None or len(out) < size:
-        out = np.empty(max(size, 1), np.uint8)
-        if size <= _SCRATCH_BYTES:
-            _scratch.buffer = out
-    return out
+def _decompress_into_scratch(content, size: int) -> int:
+    """The decompressed size of Snappy raw `content` (expected: `size` bytes), decompressed into a buffer
+    that is then dropped. Small ones reuse a few shared buffers: a server runs one thread per open stream,
+    and a buffer kept per thread would hold a megabyte for each of them."""
+    if size > _SCRATCH_BYTES:
+        return _decompress_raw_into(content, np.empty(size, np.uint8))
+    with _scratch_lock:
+        out = _scratch_free.pop() if _scratch_free else None
+    if out is None:
+        out = np.empty(_SCRATCH_BYTES, np.uint8)
+    try:
+        return _decompress_raw_into(content, out)
+    finally:
+        with _scratch_lock:
+            if len(_scratch_free) < _SCRATCH_KEPT:
+                _scratch_free.append(out)
 
 
 def _check_contents(proto: schema_pb2.ChunkData, serialized: bytes, tensors, headers: list) -> None:
@@ -510,7 +520,7 @@ def _check_contents(proto: schema_pb2.ChunkData, serialized: bytes, tensors, hea
         content = contents[index] if contents is not None else tensors[index].tensor_content
         expected = count * dtype.itemsize
         try:
-            size = _decompress_raw_into(content, _scratch_buffer(expected))
+            size = _decompress_into_scratch(content, expected)
         except Exception as e:  # noqa: BLE001  (cramjam raises its own DecompressionError type)
             raise ChunkDecodeError(f"chunk {proto.chunk_key}: tensor {index} content is not valid Snappy raw data: "
                                    f"{e}") from None
@@ -553,7 +563,7 @@ def _seen_headers(chunk_key: int, serialized: bytes, rows: int, check_content: b
             check_step(chunk_key, index, header[0], header[1])
         try:
             if check_content:
-                size = _decompress_raw_into(view[start:end], _scratch_buffer(header[2]))
+                size = _decompress_into_scratch(view[start:end], header[2])
             else:
                 size = cramjam.snappy.decompress_raw_len(view[start:end])
         except Exception:  # noqa: BLE001  (cramjam's own DecompressionError: reported by the full check)

@@ -458,3 +458,38 @@ def test_large_atari_items_are_accepted(signed_server, max_chunk_length):
     sample = next(client.sample("signed", emit_timesteps=False))
     np.testing.assert_array_equal(sample.data[0], frames)
     client.reset("signed")
+
+
+def test_checking_chunk_contents_in_many_threads_keeps_a_few_buffers_not_one_per_thread():
+    # A server runs one thread per open stream; each checks the chunks it receives.
+    from replay_tf.core import chunk_store
+    values = np.arange(256 * 1024, dtype=np.float32)  # 1 MiB of content, the most a kept buffer holds
+    chunk = chunk_store.Chunk(7, [values], chunk_store.SequenceRange(1, 0, len(values) - 1))
+    serialized = codec.chunk_to_proto(chunk).SerializeToString()
+    num_threads = 48
+    checked, done = threading.Barrier(num_threads + 1), threading.Barrier(num_threads + 1)
+    errors_seen = []
+
+    def check():
+        try:
+            codec.chunk_from_proto(schema_pb2.ChunkData.FromString(serialized), serialized, check_content=True)
+        except Exception as e:  # noqa: BLE001
+            errors_seen.append(e)
+        checked.wait()
+        done.wait()  # the thread stays alive, as a stream's thread does
+
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        threads = [threading.Thread(target=check) for _ in range(num_threads)]
+        for thread in threads:
+            thread.start()
+        checked.wait()
+        held = tracemalloc.get_traced_memory()[0] - before
+        done.wait()
+        for thread in threads:
+            thread.join()
+    finally:
+        tracemalloc.stop()
+    assert not errors_seen, errors_seen
+    assert held < 16 << 20, held  # a buffer per thread would hold ~48 MiB

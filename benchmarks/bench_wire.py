@@ -8,7 +8,7 @@ client process, all threads: robust under load, but it leaves out the server's w
 {our server, dm-reverb server} x {our client, dm-reverb client}. The reference is dm-reverb server with
 dm-reverb client; the mixed pairs are reported beside it. Our client asks servers on this machine for
 stacked samples (rl-data-tf's extension, which only our server implements), and our server gathers them
-into the client's shared memory (the same-machine extension, `replay_tf._shared_memory`); ours -> ours
+into the client's shared memory (the same-machine extension, `replay_tf.grpc.shared_memory`); ours -> ours
 sampling is also reported without shared memory (`REPLAY_TF_SHARED_MEMORY=0`) and without either
 (`stacked_samples=False`, Reverb's protocol as is). The `floor:` rows measure gRPC Python receiving the
 same `SampleStream` responses (from the dm-reverb server) and protobuf parsing them, nothing decoded: the
@@ -106,19 +106,19 @@ def _run_our_client(address: str, entries_too: bool = False) -> dict:
     Reverb's protocol has it (`stacked_samples=False`: one entry per sample, no stacked responses) as
     `{spec}/sample_entries[_cpu]`."""
     import replay_tf as reverb  # noqa: PLC0415
-    from replay_tf import _shared_memory  # noqa: PLC0415
+    from replay_tf.grpc import shared_memory  # noqa: PLC0415
 
     out: dict = {}
     scope = {"reverb": reverb, "ADDRESS": address, "SPECS": SPECS, "NUM_STEPS": NUM_STEPS, "emit": out.__setitem__}
     exec(textwrap.dedent(CLIENT), scope)  # noqa: S102  (our own benchmark code)
     if entries_too:
-        os.environ[_shared_memory.ENV] = "0"
+        os.environ[shared_memory.ENV] = "0"
         try:
             for spec_name, (obs_shape, num_batches) in SPECS.items():
                 rate, per_cpu = scope["sample_rate"](address, f"t_{spec_name}", obs_shape, num_batches)
                 out[f"{spec_name}/sample_inline"], out[f"{spec_name}/sample_inline_cpu"] = rate, per_cpu
         finally:
-            del os.environ[_shared_memory.ENV]
+            del os.environ[shared_memory.ENV]
         entries_only = types.SimpleNamespace(TrajectoryDataset=types.SimpleNamespace(
             from_table_signature=functools.partial(reverb.TrajectoryDataset.from_table_signature,
                                                    stacked_samples=False)))
@@ -139,7 +139,7 @@ def _receive_floor(address: str) -> dict:
 
     import grpc  # noqa: PLC0415
 
-    from replay_tf import _grpc_common as common  # noqa: PLC0415
+    from replay_tf.grpc import common  # noqa: PLC0415
     from replay_tf.wire import reverb_service_pb2  # noqa: PLC0415
 
     out = {}

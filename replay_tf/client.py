@@ -172,7 +172,7 @@ def make_transport(server_address: str, *, channel_credentials=None,
     if local is not None and not local.stopped:
         return InProcessTransport(local)
     try:
-        from replay_tf import _grpc_transport  # noqa: PLC0415  (gRPC only for remote servers)
+        from replay_tf.grpc import client_transport as _grpc_transport  # noqa: PLC0415  (gRPC only for remote servers)
     except ImportError as e:
         raise ValueError(f"no Server of this process serves {server_address!r} and the remote transport "
                          f"(replay_tf._grpc_transport) is unavailable: {e}") from e

@@ -142,9 +142,9 @@ class Server:
 
     def _start_service(self):
         """Hook that starts the network listener (`replay_tf.service.start(server)`), when that module exists."""
-        if importlib.util.find_spec("replay_tf.service") is None:
+        if importlib.util.find_spec("replay_tf.grpc.service") is None:
             return None
-        from replay_tf import service  # noqa: PLC0415  (the gRPC layer is optional for in-process use)
+        from replay_tf.grpc import service  # noqa: PLC0415  (the gRPC layer is optional for in-process use)
         start = getattr(service, "start", None)
         return start(self) if start is not None else None
 

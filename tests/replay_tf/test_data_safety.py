@@ -505,13 +505,13 @@ def test_a_draining_server_refuses_priority_updates_deletes_and_resets(remote, m
     # After refuse_inserts (the first step of serve's exit) the exit checkpoint must hold every confirmed
     # change, so changes other than inserts are refused too; sampling goes on.
     if remote:
-        from replay_tf import _grpc_transport
+        from replay_tf.grpc import client_transport
         from replay_tf import client as client_lib
-        monkeypatch.setattr(client_lib, "make_transport", _grpc_transport.Transport)
+        monkeypatch.setattr(client_lib, "make_transport", client_transport.Transport)
     server = reverb.Server([_uniform_table()])
     try:
         client = reverb.Client(f"localhost:{server.port}")
-        assert type(client._transport).__module__.endswith("_grpc_transport" if remote else "_inprocess_transport")
+        assert type(client._transport).__module__.endswith("client_transport" if remote else "_inprocess_transport")
         client.insert([np.float32(1.0)], {"t": 1.0})
         [key] = [s[0].info.key for s in client.sample("t", 1)]
         server.refuse_inserts()

@@ -1,4 +1,4 @@
-"""replay_tf._malloc: message-sized buffers stop costing page faults once the thresholds are set.
+"""replay_tf.grpc.malloc: message-sized buffers stop costing page faults once the thresholds are set.
 
 Runs in fresh interpreters that load the module from its file (no TensorFlow import), so the process's
 malloc state is known: TensorFlow's generator datasets set M_TRIM_THRESHOLD to 128 KiB, as done here.
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-import replay_tf._malloc as malloc_lib
+import replay_tf.grpc.malloc as malloc_lib
 
 _CODE = r'''
 import ctypes, importlib.util, os, resource, sys

@@ -18,8 +18,8 @@ import pytest
 import tensorflow as tf
 
 import replay_tf as reverb
-from replay_tf import _grpc_sample
 from replay_tf import errors
+from replay_tf.grpc import sample_stream
 from replay_tf.wire import _raw
 from replay_tf.wire import codec
 from replay_tf.wire import limits
@@ -196,7 +196,7 @@ def test_client_refuses_a_sampled_chunk_over_the_limit_before_allocating(monkeyp
                            match=rf"chunk tensor of dtype uint8 and shape \[{rows}, {step}\] decompresses to "
                                  rf"{rows * step} bytes, over replay_tf.wire.limits.MAX_CHUNK_TENSOR_BYTES "
                                  rf"\({_MIB}\)"):
-            _grpc_sample.SampleStream._chunk(proto, _grpc_sample._ChunkCache())
+            sample_stream.SampleStream._chunk(proto, sample_stream._ChunkCache())
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()

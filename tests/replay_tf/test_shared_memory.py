@@ -1,4 +1,4 @@
-"""Shared-memory sample slots (`replay_tf._shared_memory`): rl-data-tf's extension by which a server on the
+"""Shared-memory sample slots (`replay_tf.grpc.shared_memory`): rl-data-tf's extension by which a server on the
 client's machine gathers stacked responses straight into the client's memory. Checked: samples through the
 slots equal those sent inline (values that name their own step), nothing is left in /dev/shm, the server
 refuses every segment it must not write into and then sends inline, a full ring makes the server wait,
@@ -14,44 +14,44 @@ import pytest
 import tensorflow as tf
 
 import replay_tf as reverb
-from replay_tf import _grpc_transport
-from replay_tf import _shared_memory
 from replay_tf import _stacking
 from replay_tf import client as client_lib
 from replay_tf import errors
 from replay_tf.core import chunk_store
 from replay_tf.core import table as table_lib
+from replay_tf.grpc import client_transport
+from replay_tf.grpc import shared_memory
 from replay_tf.wire import codec
 from replay_tf.wire import reverb_service_pb2
 
-pytestmark = pytest.mark.skipif(not _shared_memory.enabled(), reason="needs Linux with /dev/shm")
+pytestmark = pytest.mark.skipif(not shared_memory.enabled(), reason="needs Linux with /dev/shm")
 
 _FRAME = (32, 32)  # 4 KiB int32 steps, one per chunk
 
 
 def _segments() -> set:
-    return {name for name in os.listdir(_shared_memory.DIRECTORY) if name.startswith("replay_tf-")}
+    return {name for name in os.listdir(shared_memory.DIRECTORY) if name.startswith("replay_tf-")}
 
 
 @pytest.fixture
 def taken(monkeypatch) -> list:
     """Records the size of every stacked response a client takes out of shared memory."""
     taken = []
-    original = _shared_memory.Ring.take
+    original = shared_memory.Ring.take
 
     def take(self, slot, size):
         content = original(self, slot, size)
         assert content[:2] == _stacking.TAG_RESPONSE_STACKED
         taken.append(size)
         return content
-    monkeypatch.setattr(_shared_memory.Ring, "take", take)
+    monkeypatch.setattr(shared_memory.Ring, "take", take)
     return taken
 
 
 @pytest.fixture
 def server(monkeypatch, taken):
     """A server filled over gRPC; step i holds i."""
-    monkeypatch.setattr(client_lib, "make_transport", _grpc_transport.Transport)
+    monkeypatch.setattr(client_lib, "make_transport", client_transport.Transport)
     signature = {"observation": tf.TensorSpec([3, *_FRAME], tf.int32), "last": tf.TensorSpec([], tf.int64)}
     server = reverb.Server([reverb.Table("t", reverb.selectors.Uniform(), reverb.selectors.Fifo(), 100,
                                          reverb.rate_limiters.MinSize(1), signature=signature)])
@@ -88,10 +88,10 @@ def test_loopback_samples_come_through_slots_and_leave_nothing_behind(server, ta
 
 
 def test_turned_off_or_too_small_slots_send_the_same_samples_inline(server, monkeypatch, taken):
-    monkeypatch.setenv(_shared_memory.ENV, "0")
+    monkeypatch.setenv(shared_memory.ENV, "0")
     _sample_batches(server)
-    monkeypatch.delenv(_shared_memory.ENV)
-    monkeypatch.setattr(_shared_memory, "SLOT_BYTES", 4096)  # no response fits: every one comes inline
+    monkeypatch.delenv(shared_memory.ENV)
+    monkeypatch.setattr(shared_memory, "SLOT_BYTES", 4096)  # no response fits: every one comes inline
     before = _segments()
     _sample_batches(server)
     assert not taken and _segments() == before
@@ -135,9 +135,9 @@ def _offer(ring, **changes):
     {"name": "replay_tf-" + "0" * 32 + "/x"}, {"num_slots": 0}, {"num_slots": 65}, {"slot_bytes": 8},
     {"slot_bytes": (64 << 20) + 1}, {"num_slots": 3}, {"slot_bytes": 8192}])  # (the last two: not its size)
 def test_server_refuses_offers_it_must_not_write_into(changes):
-    ring = _shared_memory.Ring.create(num_slots=2, slot_bytes=4096)
+    ring = shared_memory.Ring.create(num_slots=2, slot_bytes=4096)
     try:
-        assert _shared_memory.Ring.attach(_offer(ring, **changes)) is None
+        assert shared_memory.Ring.attach(_offer(ring, **changes)) is None
         assert ring.name in _segments()  # (a refused offer leaves the client's segment alone)
     finally:
         ring.close()
@@ -145,21 +145,21 @@ def test_server_refuses_offers_it_must_not_write_into(changes):
 
 
 def test_server_refuses_sparse_files_symlinks_and_missing_segments(tmp_path):
-    ring = _shared_memory.Ring.create(num_slots=2, slot_bytes=4096)
-    size = _shared_memory.HEADER_BYTES + 2 * 4096
-    path = os.path.join(_shared_memory.DIRECTORY, ring.name)
+    ring = shared_memory.Ring.create(num_slots=2, slot_bytes=4096)
+    size = shared_memory.HEADER_BYTES + 2 * 4096
+    path = os.path.join(shared_memory.DIRECTORY, ring.name)
     try:
         os.unlink(path)
         with open(path, "wb") as f:  # right name and size, nothing allocated: writing could SIGBUS
             f.truncate(size)
-        assert _shared_memory.Ring.attach(ring.offer()) is None
+        assert shared_memory.Ring.attach(ring.offer()) is None
         os.unlink(path)
         target = tmp_path / "target"
         target.write_bytes(bytes(size))
         os.symlink(target, path)
-        assert _shared_memory.Ring.attach(ring.offer()) is None
+        assert shared_memory.Ring.attach(ring.offer()) is None
         os.unlink(path)
-        assert _shared_memory.Ring.attach(ring.offer()) is None  # (a client on another machine)
+        assert shared_memory.Ring.attach(ring.offer()) is None  # (a client on another machine)
         assert target.read_bytes() == bytes(size)
     finally:
         if os.path.lexists(path):
@@ -168,8 +168,8 @@ def test_server_refuses_sparse_files_symlinks_and_missing_segments(tmp_path):
 
 
 def test_a_full_ring_makes_the_server_wait_until_the_client_takes_a_slot():
-    ring = _shared_memory.Ring.create(num_slots=2, slot_bytes=4096)
-    server_ring = _shared_memory.Ring.attach(ring.offer())
+    ring = shared_memory.Ring.create(num_slots=2, slot_bytes=4096)
+    server_ring = shared_memory.Ring.attach(ring.offer())
     assert server_ring is not None and ring.name not in _segments()
     cancelled = threading.Event()
     messages = []
@@ -204,7 +204,7 @@ def test_a_full_ring_makes_the_server_wait_until_the_client_takes_a_slot():
     (0, 4097, r"slot 0 of 4097 bytes named, expected a slot below 2"), (0, 0, r"slot 0 of 0 bytes"),
     (1, 10, r"slot 1 named, which the writer did not mark as filled")])
 def test_client_refuses_slots_it_cannot_trust(slot, size, error):
-    ring = _shared_memory.Ring.create(num_slots=2, slot_bytes=4096)
+    ring = shared_memory.Ring.create(num_slots=2, slot_bytes=4096)
     try:
         with pytest.raises(errors.ReverbError, match=error):
             ring.take(slot, size)
@@ -215,8 +215,8 @@ def test_client_refuses_slots_it_cannot_trust(slot, size, error):
 
 
 def test_a_slot_message_on_a_stream_that_offered_none_is_an_error():
-    from replay_tf import _grpc_sample  # noqa: PLC0415
-    stream = _grpc_sample.SampleStream.__new__(_grpc_sample.SampleStream)
+    from replay_tf.grpc import sample_stream  # noqa: PLC0415
+    stream = sample_stream.SampleStream.__new__(sample_stream.SampleStream)
     stream._stacked = True
     response = reverb_service_pb2.SampleStreamResponse(
         replay_tf_shared_slot=reverb_service_pb2.SharedSlot(slot=0, size=10))

@@ -10,12 +10,12 @@ from google.protobuf import message as protobuf_message
 
 import replay_tf as reverb
 from replay_tf import _addresses
-from replay_tf import _grpc_sample
-from replay_tf import _grpc_transport
 from replay_tf import _stacking
 from replay_tf import client as client_lib
 from replay_tf.core import chunk_store
 from replay_tf.core import table as table_lib
+from replay_tf.grpc import client_transport
+from replay_tf.grpc import sample_stream
 from replay_tf.wire import codec
 from replay_tf.wire import reverb_service_pb2
 from replay_tf.wire import schema_pb2
@@ -26,7 +26,7 @@ _FRAME = (24, 24)  # 2.3 KiB int32 steps: remote writers send one step per chunk
 @pytest.fixture
 def remote_server(monkeypatch):
     """A server filled over gRPC (its chunks held as received), sampled over gRPC; step i holds i."""
-    monkeypatch.setattr(client_lib, "make_transport", _grpc_transport.Transport)
+    monkeypatch.setattr(client_lib, "make_transport", client_transport.Transport)
     signature = {"action": tf.TensorSpec([3, 2], tf.float32), "observation": tf.TensorSpec([3, *_FRAME], tf.int32),
                  "last": tf.TensorSpec([], tf.int64)}
     server = reverb.Server([reverb.Table("t", reverb.selectors.Uniform(), reverb.selectors.Fifo(), 100,
@@ -111,7 +111,7 @@ def test_only_loopback_addresses_get_stacked_samples_by_default(address, expecte
 
 
 def test_items_that_do_not_stack_fall_back_to_entries_and_name_the_column(monkeypatch):
-    monkeypatch.setattr(client_lib, "make_transport", _grpc_transport.Transport)
+    monkeypatch.setattr(client_lib, "make_transport", client_transport.Transport)
     server = reverb.Server([reverb.Table.queue("q", 10)])  # no signature: items may differ
     client = reverb.Client(f"localhost:{server.port}")
     client.insert(np.arange(2, dtype=np.int32), {"q": 1.0})
@@ -127,7 +127,7 @@ def test_items_that_do_not_stack_fall_back_to_entries_and_name_the_column(monkey
 
 
 def test_stacked_columns_of_another_dtype_name_the_column(monkeypatch):
-    monkeypatch.setattr(client_lib, "make_transport", _grpc_transport.Transport)
+    monkeypatch.setattr(client_lib, "make_transport", client_transport.Transport)
     server = reverb.Server([reverb.Table.queue("q", 10)])  # no signature: the dataset's dtypes are not checked
     client = reverb.Client(f"localhost:{server.port}")
     for i in range(2):
@@ -267,15 +267,15 @@ def test_a_response_with_entries_and_stacked_samples_is_an_error():
     response = reverb_service_pb2.SampleStreamResponse()
     response.replay_tf_stacked.CopyFrom(_stacked_proto())
     response.entries.add(end_of_sequence=True)
-    stream = _grpc_sample.SampleStream.__new__(_grpc_sample.SampleStream)
+    stream = sample_stream.SampleStream.__new__(sample_stream.SampleStream)
     stream._stacked = False
     with pytest.raises(reverb.errors.ReverbError, match="stacked samples, which this stream did not ask for"):
-        stream._samples(response, [None], _grpc_sample._ChunkCache())
+        stream._samples(response, [None], sample_stream._ChunkCache())
     stream._stacked = True
     with pytest.raises(reverb.errors.ReverbError, match="stacked samples with entries"):
-        stream._samples(response, [None], _grpc_sample._ChunkCache())
+        stream._samples(response, [None], sample_stream._ChunkCache())
     assert len(stream._samples(reverb_service_pb2.SampleStreamResponse(
-        replay_tf_stacked=_stacked_proto(3)), [None], _grpc_sample._ChunkCache())[0]) == 3
+        replay_tf_stacked=_stacked_proto(3)), [None], sample_stream._ChunkCache())[0]) == 3
 
 
 def _stacked(keys) -> _stacking.StackedSamples:
@@ -401,8 +401,8 @@ def _raw_varint(value: int) -> bytes:
 
 
 def test_samples_with_string_columns_go_as_entries_a_response_of_several(monkeypatch):
-    from replay_tf import service as service_lib
-    monkeypatch.setattr(client_lib, "make_transport", _grpc_transport.Transport)
+    from replay_tf.grpc import service as service_lib
+    monkeypatch.setattr(client_lib, "make_transport", client_transport.Transport)
     sent_as_entries = []  # samples per call of the entries path
     original = service_lib.ReverbServicer._responses
 

@@ -201,25 +201,25 @@ def test_large_batches_held_by_the_caller_keep_their_values():
 
 def _record_chunk_cache(monkeypatch) -> list:
     """Makes clients sample over gRPC and records (entries, bytes) of the chunk cache after every chunk."""
-    from replay_tf import _grpc_sample
-    from replay_tf import _grpc_transport
+    from replay_tf.grpc import sample_stream
+    from replay_tf.grpc import client_transport
     from replay_tf import client as client_lib
     sizes = []
-    original = _grpc_sample.SampleStream._chunk
+    original = sample_stream.SampleStream._chunk
 
     def recording_chunk(proto, cache):
         entry = original(proto, cache)
         sizes.append((len(cache), cache.nbytes))
         return entry
-    monkeypatch.setattr(_grpc_sample.SampleStream, "_chunk", staticmethod(recording_chunk))
-    monkeypatch.setattr(client_lib, "make_transport", _grpc_transport.Transport)
+    monkeypatch.setattr(sample_stream.SampleStream, "_chunk", staticmethod(recording_chunk))
+    monkeypatch.setattr(client_lib, "make_transport", client_transport.Transport)
     return sizes
 
 
 def test_remote_chunk_cache_is_bounded_in_bytes_and_samples_stay_exact(monkeypatch):
-    from replay_tf import _grpc_common
-    entry_bytes = 2 * 16 * 16 * 4 + _grpc_common.CHUNK_CACHE_ENTRY_BYTES  # a two-row chunk and its objects
-    monkeypatch.setattr(_grpc_common, "CHUNK_CACHE_BYTES", 3 * entry_bytes)  # room for 3 of them
+    from replay_tf.grpc import common
+    entry_bytes = 2 * 16 * 16 * 4 + common.CHUNK_CACHE_ENTRY_BYTES  # a two-row chunk and its objects
+    monkeypatch.setattr(common, "CHUNK_CACHE_BYTES", 3 * entry_bytes)  # room for 3 of them
     sizes = _record_chunk_cache(monkeypatch)
     server = reverb.Server([reverb.Table("t", reverb.selectors.Uniform(), reverb.selectors.Fifo(), 100,
                                          reverb.rate_limiters.MinSize(1))])
@@ -271,11 +271,11 @@ def _wait_until(condition, timeout_s=10.0):
 @pytest.fixture(params=["in_process", "grpc"])
 def queue_server(request, monkeypatch):
     """A server with a 10-item queue of int32 [1] items, reached in-process or over gRPC."""
-    from replay_tf import _grpc_transport
+    from replay_tf.grpc import client_transport
     from replay_tf import client as client_lib
     server = reverb.Server([reverb.Table.queue("q", 10, signature=tf.TensorSpec([1], tf.int32))])
     if request.param == "grpc":
-        monkeypatch.setattr(client_lib, "make_transport", _grpc_transport.Transport)
+        monkeypatch.setattr(client_lib, "make_transport", client_transport.Transport)
     yield server
     server.stop()
 
@@ -320,10 +320,10 @@ def test_closing_a_blocked_batch_generator_releases_its_stream(queue_server):
 @pytest.fixture(params=["in_process", "grpc"])
 def transport_kind(request, monkeypatch):
     """Runs a test with the in-process transport and again over gRPC; counts the sample streams opened."""
-    from replay_tf import _grpc_transport
+    from replay_tf.grpc import client_transport
     from replay_tf import client as client_lib
     opened = []
-    make = _grpc_transport.Transport if request.param == "grpc" else client_lib.make_transport
+    make = client_transport.Transport if request.param == "grpc" else client_lib.make_transport
 
     def counting_make_transport(address):
         transport = make(address)
@@ -438,9 +438,9 @@ def _sample_response(entries):
 
 
 def _read_samples(*responses):
-    from replay_tf import _grpc_sample
-    stream = _grpc_sample.SampleStream.__new__(_grpc_sample.SampleStream)
-    partial, cache, out = [None], _grpc_sample._ChunkCache(), []
+    from replay_tf.grpc import sample_stream
+    stream = sample_stream.SampleStream.__new__(sample_stream.SampleStream)
+    partial, cache, out = [None], sample_stream._ChunkCache(), []
     for response in responses:
         out += stream._samples(response, partial, cache)
     return out

@@ -414,8 +414,8 @@ def test_fuzz_every_rpc_then_the_server_is_intact(server, monkeypatch):
     assert len(server.chunk_store) == 0
 
     # A normal remote client inserts and samples correctly.
-    from replay_tf import _grpc_transport  # noqa: PLC0415
-    monkeypatch.setattr(client_lib, "make_transport", _grpc_transport.Transport)
+    from replay_tf.grpc import client_transport  # noqa: PLC0415
+    monkeypatch.setattr(client_lib, "make_transport", client_transport.Transport)
     client = reverb.Client(address)
     assert sorted(client.server_info()) == sorted(_TABLES)
     client.insert(np.array([1.5, 2.5], np.float32), priorities={"q": 1.0, "sig": 1.0})

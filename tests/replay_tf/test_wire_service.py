@@ -14,8 +14,8 @@ import tensorflow as tf
 
 import replay_tf as reverb
 from replay_tf import errors
-from replay_tf import service
 from replay_tf.core import chunk_store
+from replay_tf.grpc import service
 from replay_tf.wire import _raw
 from replay_tf.wire import codec
 from replay_tf.wire import reverb_service_pb2
@@ -266,8 +266,8 @@ def test_insert_back_pressure_and_confirmations_while_blocked(server):
 
 
 def test_remote_writer_reports_items_it_cannot_encode(server):
-    from replay_tf import _grpc_transport  # noqa: PLC0415
-    transport = _grpc_transport.Transport(f"localhost:{server.port}")
+    from replay_tf.grpc import client_transport  # noqa: PLC0415
+    transport = client_transport.Transport(f"localhost:{server.port}")
     stream = transport.open_insert_stream()
     chunk = chunk_store.Chunk(200, [np.array([1, 2], dtype=object)], chunk_store.SequenceRange(1, 0, 1))
     trajectory = (chunk_store.Column((chunk_store.ChunkSlice(200, 0, 2, 0),), False),)

@@ -127,9 +127,9 @@ def test_server_stop_fails_the_waiting_items_and_flush_does_not_hang():
 @pytest.fixture
 def remote(monkeypatch):
     """Clients of this test reach local servers through the gRPC transport."""
-    from replay_tf import _grpc_transport
+    from replay_tf.grpc import client_transport
     from replay_tf import client as client_lib
-    monkeypatch.setattr(client_lib, "make_transport", _grpc_transport.Transport)
+    monkeypatch.setattr(client_lib, "make_transport", client_transport.Transport)
 
 
 def _table():
@@ -304,8 +304,8 @@ def test_remote_writer_survives_a_server_process_killed_and_restarted():
 # --- remote writers: request sizes and a sending thread that falls behind ---
 
 def test_remote_requests_stay_near_max_request_bytes(remote, monkeypatch):
-    from replay_tf import _grpc_common
-    from replay_tf import service
+    from replay_tf.grpc import common
+    from replay_tf.grpc import service
     sizes = []
     parse = service._parse
 
@@ -326,9 +326,9 @@ def test_remote_requests_stay_near_max_request_bytes(remote, monkeypatch):
         writer.close()
         assert len(server.table("t")) == 150
         # Requests end at the first item that takes them past MAX_REQUEST_BYTES: at most one more frame (plus
-        # item and keep-key fields), so they stay below the 4 MiB up to which `_malloc` keeps buffers in the heap.
+        # item and keep-key fields), so they stay below the 4 MiB up to which `malloc` keeps buffers in the heap.
         assert len(sizes) >= 4, sizes
-        assert max(sizes) <= _grpc_common.MAX_REQUEST_BYTES + frames[0].nbytes + 4096, sizes
+        assert max(sizes) <= common.MAX_REQUEST_BYTES + frames[0].nbytes + 4096, sizes
         assert sum(sizes) > 150 * frames[0].nbytes
     finally:
         server.stop()
@@ -340,9 +340,9 @@ def test_remote_requests_arrive_in_order_when_writer_and_sending_thread_both_end
     # at the next item) while gRPC's sending thread ends lingering ones itself, racing for the same requests.
     # Items of 3 steps use chunks that earlier requests carried: a request sent out of order would name
     # chunks the server never received (keep_chunk_keys) and end the stream.
-    from replay_tf import _grpc_common
-    monkeypatch.setattr(_grpc_common, "MAX_REQUEST_ITEMS", 2)
-    monkeypatch.setattr(_grpc_common, "LINGER_S", linger_s)
+    from replay_tf.grpc import common
+    monkeypatch.setattr(common, "MAX_REQUEST_ITEMS", 2)
+    monkeypatch.setattr(common, "LINGER_S", linger_s)
     server = reverb.Server([reverb.Table.queue("t", 2000)])
     try:
         _write_three_step_items(reverb.Client(f"localhost:{server.port}").trajectory_writer(num_keep_alive_refs=3))
@@ -353,23 +353,23 @@ def test_remote_requests_arrive_in_order_when_writer_and_sending_thread_both_end
 
 def test_remote_send_yields_to_a_sending_thread_that_falls_behind_but_never_blocks(remote, monkeypatch):
     import types
-    from replay_tf import _grpc_common
-    from replay_tf import _grpc_insert
+    from replay_tf.grpc import common
+    from replay_tf.grpc import insert_stream
     yields = []
     # A clock that stands still: requests end only when full (MAX_REQUEST_ITEMS items), never by lingering.
-    monkeypatch.setattr(_grpc_insert, "time", types.SimpleNamespace(
+    monkeypatch.setattr(insert_stream, "time", types.SimpleNamespace(
         monotonic=lambda: 0.0, sleep=lambda s: yields.append(s)))
     server = reverb.Server([_table()])
     writer = reverb.Client(f"localhost:{server.port}").trajectory_writer(num_keep_alive_refs=1)
     server.stop()  # the writer's stream opens with the first item and waits for a server that is gone
     started = time.monotonic()
-    num_items = 3 * _grpc_common.MAX_REQUEST_ITEMS
+    num_items = 3 * common.MAX_REQUEST_ITEMS
     _write(writer, range(num_items))
     assert time.monotonic() - started < 30  # create_item queued every item without waiting for the server
     # Once more than one request waits for gRPC's sending thread, each create_item yields the GIL (sleep(0)):
     # never before the second request is queued, then once per item.
     assert yields and set(yields) == {0}
-    assert len(yields) <= num_items - 2 * _grpc_common.MAX_REQUEST_ITEMS + 1
+    assert len(yields) <= num_items - 2 * common.MAX_REQUEST_ITEMS + 1
     assert writer._stream.num_pending() == num_items
     writer.close()  # drops the waiting items
 
@@ -429,7 +429,7 @@ def test_trajectory_writer_sends_each_item_with_the_chunks_its_history_can_still
 
 def _recording_requests(monkeypatch):
     """The InsertStreamRequests our server parses, recorded."""
-    from replay_tf import service
+    from replay_tf.grpc import service
     requests = []
     parse = service._parse
 
@@ -533,13 +533,13 @@ def test_encoded_items_are_kept_as_untracked_bytes_and_resent_in_order(monkeypat
     import gc
     import weakref
 
-    from replay_tf import _grpc_common
-    from replay_tf import _grpc_insert
+    from replay_tf.grpc import common
+    from replay_tf.grpc import insert_stream
     from replay_tf.wire import codec
     from replay_tf.wire import reverb_service_pb2
 
     chunks, items = _chunk_and_items()
-    connection, unconfirmed = _grpc_insert._Connection(), {}
+    connection, unconfirmed = insert_stream._Connection(), {}
     for item, live in zip(items, [(11, 12), (12,), (12, 13)]):
         unconfirmed[item.key] = item
         connection.add("t", item, live)
@@ -562,9 +562,9 @@ def test_encoded_items_are_kept_as_untracked_bytes_and_resent_in_order(monkeypat
 
     # Item 1 confirmed, then the connection broke: 2 and 3 are re-sent on a new call, one per request here.
     del unconfirmed[1]
-    monkeypatch.setattr(_grpc_common, "MAX_REQUEST_ITEMS", 1)
+    monkeypatch.setattr(common, "MAX_REQUEST_ITEMS", 1)
     resent = [reverb_service_pb2.InsertStreamRequest.FromString(r)
-              for r in _grpc_insert._Connection().resend(unconfirmed)]
+              for r in insert_stream._Connection().resend(unconfirmed)]
     assert [[c.chunk_key for c in r.chunks] for r in resent] == [[11, 12], [13]]
     assert [list(r.keep_chunk_keys) for r in resent] == [[12], []]  # what later records still use
     assert [i.SerializeToString() for r in resent for i in r.items] == expected_items[1:]
@@ -576,11 +576,11 @@ def test_encoded_items_are_kept_as_untracked_bytes_and_resent_in_order(monkeypat
 def test_stream_without_live_chunks_prunes_the_sent_ones_to_the_unconfirmed_items():
     # Without the writer's live keys, the server keeps every chunk sent; once there are many, only those of
     # unconfirmed items (here 12 and 13, of item 3: items 1 and 2, which used 11, were confirmed).
-    from replay_tf import _grpc_insert
+    from replay_tf.grpc import insert_stream
     from replay_tf.wire import reverb_service_pb2
 
     _, items = _chunk_and_items()
-    connection, unconfirmed = _grpc_insert._Connection(), {}
+    connection, unconfirmed = insert_stream._Connection(), {}
     connection._prune_above = 2
     for item in items[:2]:
         unconfirmed[item.key] = item

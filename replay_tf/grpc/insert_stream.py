@@ -1,4 +1,4 @@
-"""Insert streams of the remote transport (see `replay_tf._grpc_transport` for the design)."""
+"""Insert streams of the remote transport (see `replay_tf.grpc.client_transport` for the design)."""
 from __future__ import annotations
 
 import datetime
@@ -9,10 +9,10 @@ from typing import Dict, Optional, Union
 
 import grpc
 
-from replay_tf import _grpc_common as common
-from replay_tf import _malloc
 from replay_tf import errors
 from replay_tf.core import chunk_store as chunk_store_lib
+from replay_tf.grpc import common
+from replay_tf.grpc import malloc
 from replay_tf.wire import _raw
 from replay_tf.wire import codec
 from replay_tf.wire import reverb_service_pb2
@@ -253,7 +253,7 @@ class InsertStream:
 
     def _connect(self) -> None:
         """Opens a new call (lock held) and queues every unconfirmed item on it, in order."""
-        _malloc.keep_large_buffers_in_heap()  # requests are assembled into buffers of ~1 MiB (see _malloc)
+        malloc.keep_large_buffers_in_heap()  # requests are assembled into buffers of ~1 MiB (see malloc)
         old = self._connection
         if old is not None:
             old.queue.put(common.CLOSE)  # ends the old request generator if gRPC still iterates it

@@ -1,5 +1,5 @@
 """Shared pieces of the gRPC transport: the service path, channel options, stream constants and the
-translation of gRPC failures into Reverb's Python errors (see `replay_tf._grpc_transport`)."""
+translation of gRPC failures into Reverb's Python errors (see `replay_tf.grpc.client_transport`)."""
 from __future__ import annotations
 
 import collections
@@ -17,7 +17,7 @@ CHANNEL_OPTIONS = [
     ("grpc.max_reconnect_backoff_ms", 30_000),  # as Reverb's client
 ]
 # Queued items are assembled into requests of up to about this size: well below the 4 MiB up to which
-# `_malloc` keeps buffers in the heap (a larger request is a fresh memory map on both sides, page-faulted
+# `malloc` keeps buffers in the heap (a larger request is a fresh memory map on both sides, page-faulted
 # anew in the writer and in the server), and large enough that a request's fixed costs spread over many
 # steps.
 MAX_REQUEST_BYTES = 1 << 20
@@ -27,7 +27,7 @@ CHUNK_CACHE_SIZE = 65536          # decoded chunks kept per sample stream (a 10k
                                   # has ~7k chunks: 4096 decoded 1.4 chunks per sample)
 CHUNK_CACHE_ENTRY_BYTES = 512     # a cached chunk's Python objects, counted with its arrays' bytes
 CHUNK_CACHE_BYTES = 64 << 20      # and at most about this many bytes of them (one-row chunks, e.g. Atari
-                                  # frames, are not cached: see _grpc_sample.SampleStream._chunk)
+                                  # frames, are not cached: see sample_stream.SampleStream._chunk)
 CLOSE_TIMEOUT_S = 10.0
 CLOSE = object()
 

@@ -1,4 +1,4 @@
-"""Sample streams of the remote transport (see `replay_tf._grpc_transport` for the design)."""
+"""Sample streams of the remote transport (see `replay_tf.grpc.client_transport` for the design)."""
 from __future__ import annotations
 
 import collections
@@ -9,13 +9,13 @@ from typing import Optional
 
 import grpc
 
-from replay_tf import _grpc_common as common
-from replay_tf import _malloc
-from replay_tf import _shared_memory
 from replay_tf import _stacking
 from replay_tf import errors
 from replay_tf.core import chunk_store as chunk_store_lib
 from replay_tf.core import table as table_lib
+from replay_tf.grpc import common
+from replay_tf.grpc import malloc
+from replay_tf.grpc import shared_memory as shared_memory_lib
 from replay_tf.wire import codec
 from replay_tf.wire import reverb_service_pb2
 from replay_tf.wire import schema_pb2
@@ -40,7 +40,7 @@ class SampleStream:
     With `stacked`, the call asks for rl-data-tf's extension: the server may send whole responses of
     samples stacked per column, which `next_batch` hands out as `_stacking.StackedSamples` among the
     `SampledItem`s (Reverb servers ignore the request field and send entries). With `shared_memory` too, each
-    call offers the server a segment of shared memory for those responses (`_shared_memory`; servers on
+    call offers the server a segment of shared memory for those responses (`shared_memory`; servers on
     other machines, and Reverb servers, send them inline)."""
 
     def __init__(self, channel: grpc.Channel, table: str, num_samples_per_request: int,
@@ -59,15 +59,15 @@ class SampleStream:
             timeout = 1  # Reverb servers read 0 as "wait forever"; the caller asked not to wait
         self._timeout_ms = timeout
         self._stacked = stacked
-        self._shared_memory = stacked and shared_memory and _shared_memory.enabled()
-        self._ring: Optional[_shared_memory.Ring] = None
+        self._shared_memory = stacked and shared_memory and shared_memory_lib.enabled()
+        self._ring: Optional[shared_memory_lib.Ring] = None
         self._count = _stacking.count_samples if stacked else len
         self._requests: Optional[queue.Queue] = None
         self._results: Optional[queue.Queue] = None
         self._call = None
         self._state: Optional[_CallState] = None
 
-    def _request(self, count: int, ring: Optional[_shared_memory.Ring] = None) -> bytes:
+    def _request(self, count: int, ring: Optional[shared_memory_lib.Ring] = None) -> bytes:
         request = reverb_service_pb2.SampleStreamRequest(table=self._table, num_samples=count,
                                                          replay_tf_stacked=self._stacked)
         request.rate_limiter_timeout.milliseconds = self._timeout_ms
@@ -76,7 +76,7 @@ class SampleStream:
         return request.SerializeToString()
 
     def _open(self) -> None:
-        _malloc.keep_large_buffers_in_heap()  # every response is one buffer of up to ~2 MiB (see _malloc)
+        malloc.keep_large_buffers_in_heap()  # every response is one buffer of up to ~2 MiB (see malloc)
         self._requests = queue.Queue()
         self._results = queue.Queue()
         requests, results = self._requests, self._results
@@ -102,12 +102,12 @@ class SampleStream:
         threading.Thread(target=self._read, args=(call, requests, results, state, count, ring),
                          name="replay_tf-sample-stream", daemon=True).start()
 
-    def _new_ring(self) -> Optional[_shared_memory.Ring]:
+    def _new_ring(self) -> Optional[shared_memory_lib.Ring]:
         """A shared-memory segment to offer this call's server, if this stream uses them and one can be made."""
         if not self._shared_memory:
             return None
         try:
-            return _shared_memory.Ring.create()
+            return shared_memory_lib.Ring.create()
         except OSError as e:  # (e.g. /dev/shm full: the samples come inline)
             _log.debug("no shared memory for sample stream of table '%s': %s", self._table, e)
             return None
@@ -126,7 +126,7 @@ class SampleStream:
             self._budget -= count
 
     def _read(self, call, requests: queue.Queue, results: queue.Queue, state: "_CallState", asked: int,
-              ring: Optional[_shared_memory.Ring]) -> None:
+              ring: Optional[shared_memory_lib.Ring]) -> None:
         partial: list = [None]  # (info, {chunk key: Chunk}) of a sample split over responses
         cache = _ChunkCache()  # this call's decoded chunks
         received = stream_samples = 0

@@ -48,14 +48,14 @@ import grpc
 from google.protobuf import message as protobuf_message
 
 from replay_tf import _addresses
-from replay_tf import _grpc_common
-from replay_tf import _malloc
-from replay_tf import _shared_memory
-from replay_tf import _stream_slots
 from replay_tf import _stacking
 from replay_tf import errors
 from replay_tf.core import chunk_store as chunk_store_lib
 from replay_tf.core import table as table_lib
+from replay_tf.grpc import common
+from replay_tf.grpc import malloc
+from replay_tf.grpc import shared_memory
+from replay_tf.grpc import stream_slots
 from replay_tf.wire import _raw
 from replay_tf.wire import codec
 from replay_tf.wire import limits
@@ -75,7 +75,7 @@ SERVICE_NAME = "deepmind.reverb.ReverbService"
 #: Largest request accepted by default. Reverb's writers send requests of up to 40 MiB, and one chunk of a
 #: large step may be bigger; Reverb itself accepts any size.
 DEFAULT_MAX_MESSAGE_BYTES = 256 << 20
-DEFAULT_MAX_STREAMS = _stream_slots.DEFAULT_MAX_STREAMS
+DEFAULT_MAX_STREAMS = stream_slots.DEFAULT_MAX_STREAMS
 
 _RESPONSE_TARGET_BYTES = 2 << 20   # start a new SampleStreamResponse past this size (Reverb's 2 MiB)
 _FIRST_SAMPLE_BATCH = 64           # Reverb's flexible batches: 64 samples first, then doubling
@@ -382,7 +382,7 @@ class ReverbServicer:
         # Requests are read and applied by a thread of the stream while this generator sends confirmations,
         # coalescing the keys confirmed meanwhile into one response (as Reverb does): a writer that sends
         # one item per request does not also pay for one response per request.
-        _grpc_common.freeze_startup_objects()
+        common.freeze_startup_objects()
         state = _InsertStreamState(context)
         cv = state.cv
 
@@ -580,7 +580,7 @@ class ReverbServicer:
                 table.wake_waiters()
 
         context.add_callback(on_done)
-        ring: Optional[_shared_memory.Ring] = None  # the client's shared memory, if it offered one
+        ring: Optional[shared_memory.Ring] = None  # the client's shared memory, if it offered one
         try:
             for raw in request_iterator:
                 request = _parse(reverb_service_pb2.SampleStreamRequest, raw)
@@ -595,7 +595,7 @@ class ReverbServicer:
                 remaining, batch_size = request.num_samples, _FIRST_SAMPLE_BATCH
                 stacked = request.replay_tf_stacked
                 if stacked and ring is None and request.HasField("replay_tf_shared_memory"):
-                    ring = _shared_memory.Ring.attach(request.replay_tf_shared_memory)
+                    ring = shared_memory.Ring.attach(request.replay_tf_shared_memory)
                 while remaining > 0:
                     batch = self._sample(entry.table, min(remaining, batch_size), deadline, context, cancelled)
                     remaining -= len(batch)
@@ -653,14 +653,14 @@ class ReverbServicer:
             fields.append(cached)
         return fields
 
-    def _stacked_responses(self, entry: _TableEntry, batch: list, ring: Optional[_shared_memory.Ring],
+    def _stacked_responses(self, entry: _TableEntry, batch: list, ring: Optional[shared_memory.Ring],
                            cancelled: threading.Event) -> Iterator[bytes]:
         """`_responses` for a client that asked for stacked samples (rl-data-tf's extension): each response
         holds up to ~`_RESPONSE_TARGET_BYTES` of whole samples stacked per column, gathered straight into a
-        slot of the client's shared memory when it offered some (`ring`, see `_shared_memory`). Samples
+        slot of the client's shared memory when it offered some (`ring`, see `shared_memory`). Samples
         whose columns differ in count, dtype or shape are sent as entries, the standard way, and so is the
         rest of the batch from a sample with a column that cannot be stacked (strings)."""
-        _malloc.keep_large_buffers_in_heap()  # each response is ~2 MiB of columns, then one message (see _malloc)
+        malloc.keep_large_buffers_in_heap()  # each response is ~2 MiB of columns, then one message (see malloc)
         tensors_of, pending_of = self._decoded_chunks.readers()
         start = 0
         while start < len(batch):
@@ -729,7 +729,7 @@ class GrpcService:
     """A running gRPC listener for a `Server`'s tables; `stop()` ends every call and releases the port."""
 
     def __init__(self, grpc_server: grpc.Server, port: int, servicer: ReverbServicer,
-                 slots: Optional[_stream_slots.StreamSlots] = None, pool=None):
+                 slots: Optional[stream_slots.StreamSlots] = None, pool=None):
         self._grpc_server = grpc_server
         self.port = port
         self.servicer = servicer
@@ -779,7 +779,7 @@ class _TokenInterceptor(grpc.ServerInterceptor):
         return self._refusals["missing" if sent is None else "wrong"]
 
 
-def _handler(servicer: ReverbServicer, slots: _stream_slots.StreamSlots) -> grpc.GenericRpcHandler:
+def _handler(servicer: ReverbServicer, slots: stream_slots.StreamSlots) -> grpc.GenericRpcHandler:
     unary = lambda fn: grpc.unary_unary_rpc_method_handler(  # noqa: E731
         fn, request_deserializer=_identity, response_serializer=_identity)
     stream = lambda fn: grpc.stream_stream_rpc_method_handler(  # noqa: E731
@@ -815,7 +815,7 @@ def start(server, *, host: Optional[str] = None, port: Optional[int] = None,
       max_streams: Most streams (InsertStream, SampleStream, InitializeConnection) open at once, idle or
         waiting on a rate limiter included (default `server.max_streams` if set, else
         `DEFAULT_MAX_STREAMS`); each holds a thread, started on demand. One more is refused at once with
-        RESOURCE_EXHAUSTED (see `_stream_slots`).
+        RESOURCE_EXHAUSTED (see `stream_slots`).
       server_credentials: `grpc.ServerCredentials` to serve over TLS (default `server.server_credentials`
         if set, else plain text).
       auth_token: Token every call must carry as `authorization: Bearer <token>` metadata (default
@@ -846,16 +846,16 @@ def start(server, *, host: Optional[str] = None, port: Optional[int] = None,
                      host, port)
     if max_streams is None:
         max_streams = getattr(server, "max_streams", None) or DEFAULT_MAX_STREAMS
-    max_streams = _stream_slots.check_max_streams(max_streams)
-    reserved = _stream_slots.DEFAULT_RESERVED_THREADS if max_workers is None else max_workers
+    max_streams = stream_slots.check_max_streams(max_streams)
+    reserved = stream_slots.DEFAULT_RESERVED_THREADS if max_workers is None else max_workers
     servicer = ReverbServicer(server)
-    slots = _stream_slots.StreamSlots(max_streams)
+    slots = stream_slots.StreamSlots(max_streams)
     options = [
         ("grpc.max_receive_message_length", int(max_message_bytes)),
         ("grpc.max_send_message_length", -1),
         ("grpc.so_reuseport", 0),  # a second server on the same port must fail, not share it
     ]
-    pool = _stream_slots.thread_pool(max_streams, max(1, reserved))
+    pool = stream_slots.thread_pool(max_streams, max(1, reserved))
     interceptors = [_TokenInterceptor(auth_token)] if auth_token is not None else None
     grpc_server = grpc.server(pool, handlers=[_handler(servicer, slots)], interceptors=interceptors, options=options)
     bind_host = f"[{host}]" if ":" in host and not host.startswith("[") else host

@@ -6,7 +6,7 @@ Implements `replay_tf.client.Transport` over `deepmind.reverb.ReverbService`:
     items may use (the writer's live chunks, a handful). The writer's thread gathers items into requests
     of up to ~1 MiB and encodes each whole (gRPC's sending thread sends one that lingers 5 ms), so `send`
     never blocks (it yields the GIL while finished requests wait). An unconfirmed item is kept as its
-    bytes, for re-sending after a reconnect (see `_grpc_insert`);
+    bytes, for re-sending after a reconnect (see `insert_stream`);
   - sample streams ask for `num_samples_per_request` samples per request (the next one once those have all
     arrived while fewer than a request's worth wait to be taken, as Reverb's workers keep
     `max_in_flight_samples_per_worker` in flight); a thread reads and decodes the responses, and
@@ -14,7 +14,7 @@ Implements `replay_tf.client.Transport` over `deepmind.reverb.ReverbService`:
     batch. Chunks are decoded once per call (a cache by chunk key that keeps a grown chunk's longest
     version; a slice of a cached chunk is read from there, its copy in the response only named) and
     samples are core `Item`s, so everything built on the in-process path works unchanged. Stacked sample
-    streams to a loopback address offer the server shared memory for their responses (`_shared_memory`).
+    streams to a loopback address offer the server shared memory for their responses (`shared_memory`).
 
 gRPC failures become Reverb's Python errors: DEADLINE_EXCEEDED -> `DeadlineExceededError`,
 INVALID_ARGUMENT / NOT_FOUND / FAILED_PRECONDITION -> `ValueError`, others -> `ReverbError`.
@@ -39,10 +39,10 @@ from typing import Any, Dict, Optional
 import grpc
 
 from replay_tf import _addresses
-from replay_tf import _grpc_common as common
-from replay_tf import _grpc_insert
-from replay_tf import _grpc_sample
 from replay_tf import errors
+from replay_tf.grpc import common
+from replay_tf.grpc import insert_stream
+from replay_tf.grpc import sample_stream
 from replay_tf.wire import codec
 from replay_tf.wire import reverb_service_pb2
 
@@ -206,16 +206,16 @@ class Transport:
         self._wait_logger.connected()
         return response_class.FromString(raw)
 
-    def open_insert_stream(self) -> _grpc_insert.InsertStream:
+    def open_insert_stream(self) -> insert_stream.InsertStream:
         self._wait_logger.arm()
-        return _grpc_insert.InsertStream(self._channel)
+        return insert_stream.InsertStream(self._channel)
 
     def open_sample_stream(self, table: str, num_samples_per_request: int,
                            rate_limiter_timeout_ms: Optional[int], *,
                            max_samples_per_stream: Optional[int] = None,
-                           max_samples: Optional[int] = None, stacked: bool = False) -> _grpc_sample.SampleStream:
+                           max_samples: Optional[int] = None, stacked: bool = False) -> sample_stream.SampleStream:
         self._wait_logger.arm()
-        return _grpc_sample.SampleStream(self._channel, table, num_samples_per_request, rate_limiter_timeout_ms,
+        return sample_stream.SampleStream(self._channel, table, num_samples_per_request, rate_limiter_timeout_ms,
                                          max_samples_per_stream, max_samples, stacked,
                                          shared_memory=self._loopback)
 

@@ -1,7 +1,7 @@
 """The transport-free replay server core: Reverb's data model and table semantics in plain Python.
 
 Nothing here knows about gRPC or serialization; the in-process client and the gRPC service
-(`replay_tf/grpc/service.py`) are thin adapters over these objects.
+(`replay_tf/grpc/`) are thin adapters over these objects.
 
 Data model (`chunk_store`):
   `Chunk(key, tensors, SequenceRange(episode_id, start, end, sparse=False), delta_encoded=False,

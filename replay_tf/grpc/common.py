@@ -30,6 +30,8 @@ CHUNK_CACHE_BYTES = 64 << 20      # and at most about this many bytes of them (o
                                   # frames, are not cached: see sample_stream.SampleStream._chunk)
 CLOSE_TIMEOUT_S = 10.0
 CLOSE = object()
+WAIT_SLICE_MS = 250               # the server's blocked inserts and samples check this often that their
+                                  # client is there
 
 
 AUTHORIZATION_KEY = "authorization"  # gRPC metadata keys are lower case

@@ -15,6 +15,7 @@ import tensorflow as tf
 import replay_tf as reverb
 from replay_tf import errors
 from replay_tf.core import chunk_store
+from replay_tf.grpc import common
 from replay_tf.grpc import service
 from replay_tf.wire import _raw
 from replay_tf.wire import codec
@@ -325,7 +326,7 @@ def test_the_service_uses_the_servers_chunk_store(channel, server):
 
 def test_a_cancelled_sampler_stops_waiting_and_takes_no_item(monkeypatch):
     # Waiting slices longer than the test: only the cancellation callback can end the wait.
-    monkeypatch.setattr(service, "_WAIT_SLICE_MS", 600_000)
+    monkeypatch.setattr(common, "WAIT_SLICE_MS", 600_000)
     server = reverb.Server([reverb.Table.queue("cq", 10)])
     table = server.tables["cq"]
     channel = grpc.insecure_channel(f"localhost:{server.port}")

@@ -305,16 +305,16 @@ def test_remote_writer_survives_a_server_process_killed_and_restarted():
 
 def test_remote_requests_stay_near_max_request_bytes(remote, monkeypatch):
     from replay_tf.grpc import common
-    from replay_tf.grpc import service
+    from replay_tf.grpc import statuses
     sizes = []
-    parse = service._parse
+    parse = statuses.parse
 
     def recording_parse(message_class, raw):
         if message_class.__name__ == "InsertStreamRequest":
             sizes.append(len(raw))
         return parse(message_class, raw)
 
-    monkeypatch.setattr(service, "_parse", recording_parse)
+    monkeypatch.setattr(statuses, "parse", recording_parse)
     server = reverb.Server([reverb.Table.queue("t", 1000)])
     try:
         frames = np.random.default_rng(0).integers(0, 256, size=[8, 84, 84, 4], dtype=np.uint8)  # incompressible
@@ -429,9 +429,9 @@ def test_trajectory_writer_sends_each_item_with_the_chunks_its_history_can_still
 
 def _recording_requests(monkeypatch):
     """The InsertStreamRequests our server parses, recorded."""
-    from replay_tf.grpc import service
+    from replay_tf.grpc import statuses
     requests = []
-    parse = service._parse
+    parse = statuses.parse
 
     def recording_parse(message_class, raw):
         message = parse(message_class, raw)
@@ -439,7 +439,7 @@ def _recording_requests(monkeypatch):
             requests.append(message)
         return message
 
-    monkeypatch.setattr(service, "_parse", recording_parse)
+    monkeypatch.setattr(statuses, "parse", recording_parse)
     return requests
 
 

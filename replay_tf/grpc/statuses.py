@@ -1,0 +1,76 @@
+"""How the service's failures become gRPC statuses.
+
+A handler raises `StatusError` for a precise status, or one of Reverb's errors, `ValueError` or a wire
+limit's error; `run_unary` and `run_stream` end the call with the matching status. Errors never stop the
+server: an unexpected one ends its own call with INTERNAL and is logged.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Iterator
+
+import grpc
+from google.protobuf import message as protobuf_message
+
+from replay_tf import errors
+from replay_tf.wire import limits
+
+__all__ = ["StatusError", "parse", "run_stream", "run_unary"]
+
+_log = logging.getLogger(__name__)
+
+
+class StatusError(Exception):
+    """Ends the current RPC with `code` and `details`."""
+
+    def __init__(self, code: grpc.StatusCode, details: str):
+        super().__init__(details)
+        self.code = code
+        self.details = details
+
+
+def parse(message_class, raw: bytes):
+    """`raw` parsed as a `message_class`, or INVALID_ARGUMENT naming the message and its size."""
+    try:
+        return message_class.FromString(raw)
+    except (protobuf_message.DecodeError, TypeError, ValueError) as e:
+        raise StatusError(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"malformed {message_class.DESCRIPTOR.name} ({len(raw)} bytes): {e}") from None
+
+
+def run_unary(context, handler, *args):
+    """Runs a unary handler, mapping failures to statuses."""
+    try:
+        return handler(*args)
+    except StatusError as e:
+        context.abort(e.code, e.details)
+    except errors.CancelledError as e:
+        context.abort(grpc.StatusCode.CANCELLED, str(e))
+    except errors.UnavailableError as e:
+        context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+    except ValueError as e:
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+    except Exception as e:  # noqa: BLE001  (one bad call must never take the server down)
+        _log.exception("internal error in ReverbService")
+        context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
+
+
+def run_stream(context, generator) -> Iterator[bytes]:
+    """Drives a streaming handler, mapping failures to statuses."""
+    try:
+        yield from generator
+    except StatusError as e:
+        context.abort(e.code, e.details)
+    except errors.CancelledError as e:
+        context.abort(grpc.StatusCode.CANCELLED, str(e))
+    except errors.UnavailableError as e:
+        context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+    except limits.LimitExceededError as e:
+        context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+    except ValueError as e:
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+    except grpc.RpcError:
+        return  # the client went away while we were reading its requests
+    except Exception as e:  # noqa: BLE001
+        _log.exception("internal error in ReverbService stream")
+        context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")

@@ -17,7 +17,9 @@ from replay_tf.wire import checkpoint_pb2
 from replay_tf.wire import reverb_service_pb2
 from replay_tf.wire import schema_pb2
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
+from proc_testlib import ROOT
+
+REPO = pathlib.Path(ROOT)
 PATTERNS_PB2 = REPO / "rlds_tf" / "patterns" / "patterns_pb2.py"
 
 # Reverb's proto file -> our generated module path (relative to the repository root).

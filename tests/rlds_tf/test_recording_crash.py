@@ -18,8 +18,7 @@ from rlds_tf.recording import crash_recovery
 from rlds_tf.recording import _tfrecord_files
 
 from dataset_testlib import assert_nested_equal, to_numpy
-
-_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from proc_testlib import ROOT as _ROOT
 
 _RECORDER = textwrap.dedent("""
     import sys

@@ -31,7 +31,7 @@ find_python() {  # $1 = "3.10"
   command -v "python$1" || true
 }
 
-SMOKE_TESTS=(tests/rlds_tf/test_rlds_types.py tests/replay_tf/test_selectors.py)
+SMOKE_TESTS=(tests/rlds_tf/test_rlds_types.py tests/replay_tf/core/test_selectors.py)
 declare -a RESULTS=()
 status=0
 

@@ -9,8 +9,9 @@ Differences from dm-reverb: its iterators can be checkpointed; the configs passe
 (Reverb appends its implicit `buffer_length` condition to the callers' protos); and it can be created inside
 traced code as often as needed: in `episodes.flat_map(lambda e: PatternDataset(e['steps'], ...))` every
 episode gives its items, where dm-reverb 0.14's gives the first episode's only
-(tests/rlds_tf/test_traced_transformations.py). Steps are processed in blocks (`compile.steps_to_blocks`):
-items come out in the same order, but a block's items only once its last step has been read.
+(tests/rlds_tf/transformations/test_traced_transformations.py). Steps are processed in blocks
+(`compile.steps_to_blocks`): items come out in the same order, but a block's items only once its last step has
+been read.
 """
 from __future__ import annotations
 

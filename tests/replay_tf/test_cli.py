@@ -198,7 +198,7 @@ def test_serve_with_tls_and_a_token_file(tmp_path, monkeypatch):
     import grpc  # noqa: PLC0415
     from replay_tf import errors  # noqa: PLC0415
 
-    # The certificate is made as in test_security.py (a conftest fixture would share it).
+    # The certificate is made as in grpc/test_security.py (a conftest fixture would share it).
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "key.pem", "-out",
                     "cert.pem", "-days", "1", "-subj", "/CN=localhost",
                     "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"], cwd=tmp_path, check=True,

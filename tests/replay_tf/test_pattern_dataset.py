@@ -1,6 +1,6 @@
 """replay_tf.PatternDataset and pattern_dataset_with_info: calling conventions, errors and additions.
 
-Its items are compared with dm-reverb's PatternDataset in tests/rlds_tf/test_patterns.py."""
+Its items are compared with dm-reverb's PatternDataset in tests/rlds_tf/patterns/test_patterns.py."""
 import numpy as np
 import pytest
 import tensorflow as tf

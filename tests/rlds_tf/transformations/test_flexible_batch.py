@@ -1,6 +1,6 @@
 """transformations.batch's blocked path: windows across block boundaries, partial tails, checkpoints.
 
-`tests/rlds_tf/test_transformations.py` compares `batch` with rlds 0.1.8; here the expected windows are
+`test_transformations.py` compares `batch` with rlds 0.1.8; here the expected windows are
 computed by hand (and checked against `Dataset.window`), with blocks shrunk to a few rows so that windows
 and gaps straddle block boundaries.
 """

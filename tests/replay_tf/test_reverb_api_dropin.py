@@ -143,64 +143,42 @@ server.stop()
 """,
 }
 
+
+def _failing_append(make_writer: str, first: str, failing: str, *, header: str = "") -> str:
+    """A scenario: after `header`, a writer `client.<make_writer>` on a queue 'q' appends `first`, then
+    `failing` (which raises); the writer is flushed and the server stopped either way."""
+    return f"""{header}
+server = reverb.Server([reverb.Table.queue('q', 100)])
+writer = reverb.Client(f'localhost:{{server.port}}').{make_writer}
+writer.append({first})
+try:
+    writer.append({failing})
+finally:  # (an unflushed writer of a stopped dm-reverb server blocks at exit)
+    writer.flush()
+    del writer
+    server.stop()
+"""
+
+
+_NESTED = "{'a': np.int32(1), 'b': {'c': np.zeros(2, np.float32)}}"
+_SW = """
+sw = reverb.structured_writer
+spec = {'a': tf.TensorSpec([], tf.int32), 'b': {'c': tf.TensorSpec([2], tf.float32)}}
+ref = sw.create_reference_step(spec)"""
+
 # Scenarios that raise: the exception types must be equal and our message must contain Reverb's.
 ERROR_SCENARIOS = {
-    "structured_writer_length": """
-sw = reverb.structured_writer
-spec = {'a': tf.TensorSpec([], tf.int32), 'b': {'c': tf.TensorSpec([2], tf.float32)}}
-ref = sw.create_reference_step(spec)
-server = reverb.Server([reverb.Table.queue('q', 100)])
-writer = reverb.Client(f'localhost:{server.port}').structured_writer([sw.create_config(ref['a'][-1], 'q')])
-writer.append({'a': np.int32(1), 'b': {'c': np.zeros(2, np.float32)}})
-try:
-    writer.append([1, 2, 3, 4])
-finally:  # (an unflushed writer of a stopped dm-reverb server blocks at exit)
-    writer.flush()
-    del writer
-    server.stop()
-""",
-    "structured_writer_dtype": """
-sw = reverb.structured_writer
-spec = {'a': tf.TensorSpec([], tf.int32), 'b': {'c': tf.TensorSpec([2], tf.float32)}}
-ref = sw.create_reference_step(spec)
-server = reverb.Server([reverb.Table.queue('q', 100)])
-writer = reverb.Client(f'localhost:{server.port}').structured_writer([sw.create_config(ref['b']['c'][-1], 'q')])
-writer.append({'a': np.int32(1), 'b': {'c': np.zeros(2, np.float32)}})
-try:
-    writer.append({'a': np.int32(1), 'b': {'c': np.zeros(2, np.float64)}})
-finally:  # (an unflushed writer of a stopped dm-reverb server blocks at exit)
-    writer.flush()
-    del writer
-    server.stop()
-""",
-    "structured_writer_shape": """
-sw = reverb.structured_writer
-spec = {'a': tf.TensorSpec([], tf.int32), 'b': {'c': tf.TensorSpec([2], tf.float32)}}
-ref = sw.create_reference_step(spec)
-server = reverb.Server([reverb.Table.queue('q', 100)])
-writer = reverb.Client(f'localhost:{server.port}').structured_writer([sw.create_config(ref['b']['c'][-1], 'q')])
-writer.append({'a': np.int32(1), 'b': {'c': np.zeros(2, np.float32)}})
-try:
-    writer.append({'a': np.int32(1), 'b': {'c': np.zeros(3, np.float32)}})
-finally:  # (an unflushed writer of a stopped dm-reverb server blocks at exit)
-    writer.flush()
-    del writer
-    server.stop()
-""",
-    "structured_writer_dtype_unread_column": """
-sw = reverb.structured_writer
-spec = {'a': tf.TensorSpec([], tf.int32), 'b': {'c': tf.TensorSpec([2], tf.float32)}}
-ref = sw.create_reference_step(spec)
-server = reverb.Server([reverb.Table.queue('q', 100)])
-writer = reverb.Client(f'localhost:{server.port}').structured_writer([sw.create_config(ref['a'][-1], 'q')])
-writer.append({'a': np.int32(1), 'b': {'c': np.zeros(2, np.float32)}})
-try:
-    writer.append({'a': np.int64(1), 'b': {'c': np.zeros(2, np.float32)}})
-finally:  # (an unflushed writer of a stopped dm-reverb server blocks at exit)
-    writer.flush()
-    del writer
-    server.stop()
-""",
+    "structured_writer_length": _failing_append(
+        "structured_writer([sw.create_config(ref['a'][-1], 'q')])", _NESTED, "[1, 2, 3, 4]", header=_SW),
+    "structured_writer_dtype": _failing_append(
+        "structured_writer([sw.create_config(ref['b']['c'][-1], 'q')])", _NESTED,
+        "{'a': np.int32(1), 'b': {'c': np.zeros(2, np.float64)}}", header=_SW),
+    "structured_writer_shape": _failing_append(
+        "structured_writer([sw.create_config(ref['b']['c'][-1], 'q')])", _NESTED,
+        "{'a': np.int32(1), 'b': {'c': np.zeros(3, np.float32)}}", header=_SW),
+    "structured_writer_dtype_unread_column": _failing_append(
+        "structured_writer([sw.create_config(ref['a'][-1], 'q')])", _NESTED,
+        "{'a': np.int64(1), 'b': {'c': np.zeros(2, np.float32)}}", header=_SW),
     "structured_writer_partial_step_twice": """
 sw = reverb.structured_writer
 ref = sw.create_reference_step({'a': tf.TensorSpec([], tf.int32)})
@@ -222,39 +200,12 @@ try:
 finally:
     server.stop()
 """,
-    "trajectory_writer_dtype": """
-server = reverb.Server([reverb.Table.queue('q', 100)])
-writer = reverb.Client(f'localhost:{server.port}').trajectory_writer(2)
-writer.append({'a': np.int32(1), 'b': {'c': np.zeros(2, np.float32)}})
-try:
-    writer.append({'a': np.int32(1), 'b': {'c': np.zeros(2, np.float64)}})
-finally:  # (an unflushed writer of a stopped dm-reverb server blocks at exit)
-    writer.flush()
-    del writer
-    server.stop()
-""",
-    "trajectory_writer_shape": """
-server = reverb.Server([reverb.Table.queue('q', 100)])
-writer = reverb.Client(f'localhost:{server.port}').trajectory_writer(2)
-writer.append({'a': np.int32(1), 'b': {'c': np.zeros(2, np.float32)}})
-try:
-    writer.append({'a': np.int32(1), 'b': {'c': np.zeros(3, np.float32)}})
-finally:  # (an unflushed writer of a stopped dm-reverb server blocks at exit)
-    writer.flush()
-    del writer
-    server.stop()
-""",
-    "trajectory_writer_dtype_int": """
-server = reverb.Server([reverb.Table.queue('q', 100)])
-writer = reverb.Client(f'localhost:{server.port}').trajectory_writer(2)
-writer.append({'a': np.int32(1)})
-try:
-    writer.append({'a': np.float64(1)})
-finally:  # (an unflushed writer of a stopped dm-reverb server blocks at exit)
-    writer.flush()
-    del writer
-    server.stop()
-""",
+    "trajectory_writer_dtype": _failing_append(
+        "trajectory_writer(2)", _NESTED, "{'a': np.int32(1), 'b': {'c': np.zeros(2, np.float64)}}"),
+    "trajectory_writer_shape": _failing_append(
+        "trajectory_writer(2)", _NESTED, "{'a': np.int32(1), 'b': {'c': np.zeros(3, np.float32)}}"),
+    "trajectory_writer_dtype_int": _failing_append(
+        "trajectory_writer(2)", "{'a': np.int32(1)}", "{'a': np.float64(1)}"),
 }
 _INFER = """
 sw = reverb.structured_writer

@@ -24,6 +24,7 @@ import tensorflow as tf
 
 import replay_tf
 import rlds_tf
+import episodes_testlib
 from dataset_testlib import flatten_with_paths
 
 
@@ -81,7 +82,7 @@ def _signatures(transformations):
     return out
 
 
-_PEER_CODE = r'''
+_PEER_CODE = episodes_testlib.PEER_PATH + r'''
 import importlib.util
 import inspect
 import rlds

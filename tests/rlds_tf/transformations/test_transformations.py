@@ -1,8 +1,8 @@
 """rlds_tf.transformations against rlds 0.1.8 (peer venv), element by element.
 
-`_SHARED` runs unchanged in both interpreters with `T` bound to `rlds.transformations` (peer) or
-`rlds_tf.transformations` (here) and fills `RESULTS[case] = nest of arrays`; one peer process computes
-every expectation.
+`_SHARED` runs unchanged in both interpreters, with `episodes_testlib` importable and `T` bound to
+`rlds.transformations` (peer) or `rlds_tf.transformations` (here), and fills `RESULTS[case] = nest of
+arrays`; one peer process computes every expectation.
 """
 import ast
 import re
@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import episodes_testlib
 from dataset_testlib import assert_iterator_checkpoint_roundtrip
 from dataset_testlib import flatten_with_paths
 from rlds_tf import transformations as T
@@ -20,26 +21,16 @@ _SHARED = r'''
 import numpy as np
 import tensorflow as tf
 
+import episodes_testlib
+
 LENGTHS = [4, 1, 6]
-N = sum(LENGTHS)
-rng = np.random.default_rng(1)
-DATA = {
-    'observation': rng.random((N, 3)).astype(np.float32),
-    'action': np.arange(N, dtype=np.int64),
-    'reward': rng.random(N).astype(np.float32),
-    'discount': np.ones(N, np.float32),
-    'is_first': np.concatenate([[i == 0 for i in range(n)] for n in LENGTHS]),
-    'is_last': np.concatenate([[i == n - 1 for i in range(n)] for n in LENGTHS]),
-    'is_terminal': np.concatenate([[e != 1 and i == n - 1 for i in range(n)] for e, n in enumerate(LENGTHS)]),
-}
-STARTS = np.cumsum([0] + LENGTHS[:-1]).astype(np.int64)
+DATA = episodes_testlib.steps_data(LENGTHS, seed=1, observation_size=3)
 
 def steps_ds():
-    return tf.data.Dataset.from_tensor_slices(DATA)
+    return episodes_testlib.steps_dataset(DATA)
 
 def episodes_ds():
-    return tf.data.Dataset.from_tensor_slices((STARTS, np.array(LENGTHS, np.int64))).map(
-        lambda s, n: {'steps': steps_ds().skip(s).take(n), 'episode_id': s})
+    return episodes_testlib.episodes_dataset(DATA, LENGTHS)
 
 def listed(ds):
     out = []
@@ -133,7 +124,8 @@ def _ours():
 
 @pytest.fixture(scope="module")
 def results(peer):
-    expected = peer.run("import rlds\nT = rlds.transformations\n" + textwrap.dedent(_PEER))
+    expected = peer.run(
+        episodes_testlib.PEER_PATH + "import rlds\nT = rlds.transformations\n" + textwrap.dedent(_PEER))
     return _ours(), expected
 
 

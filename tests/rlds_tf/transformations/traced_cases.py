@@ -1,10 +1,10 @@
 """Every `rlds.transformations` function and `reverb.PatternDataset`, called inside traced code.
 
 This file runs unchanged in two interpreters: here with `rlds_tf` / `replay_tf`, and in the peer venv with
-rlds 0.1.8 / dm-reverb 0.14 (`test_traced_transformations.py` loads it by path in both). It imports
-neither: `run_all(rlds, reverb)` gets the modules. It is a real file rather than a string so that
-AutoGraph can read the source of its functions and converts them (and, through them, the library code
-they call) as it does in user code.
+rlds 0.1.8 / dm-reverb 0.14 (`test_traced_transformations.py` loads it by path in both, with
+`episodes_testlib` importable). It imports neither: `run_all(rlds, reverb)` gets the modules. It is a real
+file rather than a string so that AutoGraph can read the source of its functions and converts them (and,
+through them, the library code they call) as it does in user code.
 
 Each case is a function of one episode (a dict whose `steps` is a `tf.data.Dataset`) or of a dataset of
 episodes, returning a dataset or a nest of tensors. Each context calls it where real code does:
@@ -24,33 +24,23 @@ list of what came out (nested datasets listed too), each a nest of numpy arrays.
 import numpy as np
 import tensorflow as tf
 
+import episodes_testlib
+
+# Episodes 0 and 2 end in a terminal state, episode 1 is truncated.
 LENGTHS = [3, 5, 4]
-_N = sum(LENGTHS)
-_RNG = np.random.default_rng(7)
-DATA = {
-    "observation": _RNG.random((_N, 2)).astype(np.float32),
-    "action": np.arange(_N, dtype=np.int64),
-    "reward": _RNG.random(_N).astype(np.float32),
-    "discount": np.ones(_N, np.float32),
-    "is_first": np.concatenate([[i == 0 for i in range(n)] for n in LENGTHS]),
-    "is_last": np.concatenate([[i == n - 1 for i in range(n)] for n in LENGTHS]),
-    # Episodes 0 and 2 end in a terminal state, episode 1 is truncated.
-    "is_terminal": np.concatenate([[e != 1 and i == n - 1 for i in range(n)] for e, n in enumerate(LENGTHS)]),
-}
-STARTS = np.cumsum([0] + LENGTHS[:-1]).astype(np.int64)
+DATA = episodes_testlib.steps_data(LENGTHS, seed=7, observation_size=2)
+STARTS = episodes_testlib.episode_starts(LENGTHS)
 TRACED_CONTEXTS = ("flat_map", "interleave", "map", "tf_function", "no_autograph")
 WHOLE_CONTEXTS = ("eager_all", "tf_function_all")
 
 
 def steps_dataset():
-    return tf.data.Dataset.from_tensor_slices(DATA)
+    return episodes_testlib.steps_dataset(DATA)
 
 
 def episodes_dataset():
     """Three episodes of 3, 5 and 4 steps; each episode's steps are a nested dataset (as TFDS loads them)."""
-    def episode(start, length):
-        return {"steps": steps_dataset().skip(start).take(length), "episode_id": start}
-    return tf.data.Dataset.from_tensor_slices((STARTS, np.array(LENGTHS, np.int64))).map(episode)
+    return episodes_testlib.episodes_dataset(DATA, LENGTHS)
 
 
 def listed(value):

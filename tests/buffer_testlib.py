@@ -1,10 +1,11 @@
-"""Test helpers shared by the in-graph buffer tests."""
+"""Test helpers shared by the buffer tests: a writer in the background, and scenarios run here and by TF-Agents."""
 from __future__ import annotations
 
 import contextlib
 import threading
 from typing import Any, Callable, Iterator
 
+import pytest
 import tensorflow as tf
 
 
@@ -32,3 +33,24 @@ def adding_in_background(buffer, items_for_step: Callable[[tf.Tensor], Any], las
     finally:
         stop.set()
         thread.join()
+
+
+def run_scenario(scenario: str, **names: Any) -> dict:
+    """Runs `scenario` (source the peer venv runs too) here with `names` bound and `emit(key, value)`
+    recording into the dict returned."""
+    out: dict = {}
+    exec(scenario, {**names, "emit": out.__setitem__})  # noqa: S102  (our own test source)
+    return out
+
+
+def matches_tf_agents_test(peer_code: str, run_local: Callable[[], dict]):
+    """The test that `run_local()` emits what `peer_code` emits with TF-Agents 0.19 (peer venv).
+
+    Use at a test module's top level, under the test's name:
+      test_matches_tf_agents = buffer_testlib.matches_tf_agents_test(_PEER, _run_local)
+    """
+    @pytest.mark.peer
+    def test(peer):
+        assert run_local() == peer.run(peer_code)
+
+    return test

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import buffer_testlib
 import replay_tf
 from replay_tf.buffers import episodic
 
@@ -201,9 +202,7 @@ from tf_agents.replay_buffers import episodic_replay_buffer as m
 
 
 def _run_local() -> dict:
-    out = {}
-    exec(_SCENARIO, {"m": episodic, "emit": out.__setitem__})  # noqa: S102
-    return out
+    return buffer_testlib.run_scenario(_SCENARIO, m=episodic)
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import buffer_testlib
 import replay_tf
 from replay_tf.buffers import py_hashed
 
@@ -85,15 +86,10 @@ def _traj(t):
 
 
 def _run_local() -> dict:
-    out = {}
-    exec(_SCENARIO, {"make_buffer": _make_buffer, "make_traj": _make_traj, "emit": out.__setitem__})  # noqa: S102
-    return out
+    return buffer_testlib.run_scenario(_SCENARIO, make_buffer=_make_buffer, make_traj=_make_traj)
 
 
-@pytest.mark.peer
-def test_matches_tf_agents(peer):
-    expected = peer.run(_PEER)
-    assert _run_local() == expected
+test_matches_tf_agents = buffer_testlib.matches_tf_agents_test(_PEER, _run_local)
 
 
 def test_local_scenario_values():

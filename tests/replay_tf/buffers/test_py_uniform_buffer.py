@@ -5,6 +5,7 @@ import pytest
 import tensorflow as tf
 import tree
 
+import buffer_testlib
 import replay_tf
 
 _SCENARIO = """
@@ -60,15 +61,10 @@ def _make_buffer(capacity):
 
 
 def _run_local() -> dict:
-    out = {}
-    exec(_SCENARIO, {"make_buffer": _make_buffer, "emit": out.__setitem__})  # noqa: S102
-    return out
+    return buffer_testlib.run_scenario(_SCENARIO, make_buffer=_make_buffer)
 
 
-@pytest.mark.peer
-def test_matches_tf_agents(peer):
-    expected = peer.run(_PEER)
-    assert _run_local() == expected
+test_matches_tf_agents = buffer_testlib.matches_tf_agents_test(_PEER, _run_local)
 
 
 def test_local_scenario_values():

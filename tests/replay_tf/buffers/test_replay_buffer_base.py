@@ -3,6 +3,7 @@ runs on TF-Agents 0.19 (peer venv) and on replay_tf, with the same results."""
 import pytest
 import tensorflow as tf
 
+import buffer_testlib
 import replay_tf
 
 # A list-backed buffer as a user would write it; `Base` is TF-Agents' ReplayBuffer or ours.
@@ -50,15 +51,11 @@ except ValueError as e:
 
 
 def _run_local() -> dict:
-    out = {}
-    exec(_SCENARIO, {"Base": replay_tf.ReplayBuffer, "emit": out.__setitem__})  # noqa: S102
-    return out
+    return buffer_testlib.run_scenario(_SCENARIO, Base=replay_tf.ReplayBuffer)
 
 
-@pytest.mark.peer
-def test_a_custom_buffer_runs_as_on_tf_agents(peer):
-    expected = peer.run("from tf_agents.replay_buffers.replay_buffer import ReplayBuffer as Base\n" + _SCENARIO)
-    assert _run_local() == expected
+test_a_custom_buffer_runs_as_on_tf_agents = buffer_testlib.matches_tf_agents_test(
+    "from tf_agents.replay_buffers.replay_buffer import ReplayBuffer as Base\n" + _SCENARIO, _run_local)
 
 
 def test_local_values():

@@ -4,6 +4,7 @@ tf.data), with TF-Agents' text in the message. Expectations come from the peer v
 import pytest
 import tensorflow as tf
 
+import buffer_testlib
 import replay_tf
 
 # Each case builds `rb` (a buffer of int32 scalars, batch_size=2, max_length=3, `drop`: dataset_drop_remainder)
@@ -49,9 +50,7 @@ def _run_local() -> dict:
     def make_buffer(drop):
         return replay_tf.TFUniformReplayBuffer(tf.TensorSpec([], tf.int32), batch_size=2, max_length=3,
                                                dataset_drop_remainder=drop)
-    out = {}
-    exec(_SCENARIO, {"make_buffer": make_buffer, "emit": out.__setitem__, "CASES": _CASES})  # noqa: S102
-    return out
+    return buffer_testlib.run_scenario(_SCENARIO, make_buffer=make_buffer, CASES=_CASES)
 
 
 # The phrases TF-Agents' own tests and its users match on, per case.

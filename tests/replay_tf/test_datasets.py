@@ -171,14 +171,21 @@ def _queue_server(signature, max_size=100):
     return reverb.Server([reverb.Table.queue("queue", max_size, signature=signature)])
 
 
-def test_fifo_emits_timesteps_of_trajectories_in_insertion_order():
+def _queue_of_3_step_items(num_steps):
+    """A server whose table 'queue' holds an item per 3 steps of `x` = 0, 1, ... (`num_steps` steps), and a
+    client of it."""
     server = _queue_server({"x": tf.TensorSpec([3], tf.int32)})
     client = reverb.Client(server.address)
     with client.trajectory_writer(num_keep_alive_refs=3) as writer:
-        for i in range(9):
+        for i in range(num_steps):
             writer.append({"x": np.int32(i)})
             if i % 3 == 2:
                 writer.create_item("queue", 1.0, {"x": writer.history["x"][-3:]})
+    return server, client
+
+
+def test_fifo_emits_timesteps_of_trajectories_in_insertion_order():
+    server, client = _queue_of_3_step_items(9)
     dataset = datasets_lib.make_reverb_fifo_sampler_dataset(client, table="queue")
     assert dataset.element_spec.data == {"x": tf.TensorSpec([], tf.int32)}
     samples = _take_then_stop(server, dataset, 9)
@@ -188,13 +195,7 @@ def test_fifo_emits_timesteps_of_trajectories_in_insertion_order():
 
 
 def test_fifo_sequence_length_emits_whole_items_batched_in_order():
-    server = _queue_server({"x": tf.TensorSpec([3], tf.int32)})
-    client = reverb.Client(server.address)
-    with client.trajectory_writer(num_keep_alive_refs=3) as writer:
-        for i in range(12):
-            writer.append({"x": np.int32(i)})
-            if i % 3 == 2:
-                writer.create_item("queue", 1.0, {"x": writer.history["x"][-3:]})
+    server, client = _queue_of_3_step_items(12)
     dataset = datasets_lib.make_reverb_fifo_sampler_dataset(client, table="queue", sequence_length=3,
                                                             batch_size=2, prefetch_size=1)
     assert dataset.element_spec.data == {"x": tf.TensorSpec([2, 3], tf.int32)}

@@ -88,3 +88,26 @@ def differential_tests(scenarios: Dict[str, str]):
         assert scenario_results(local_results, scenario) == scenario_results(peer_results, scenario)
 
     return peer_results_fixture, local_results_fixture, test_matches_reverb
+
+
+def error_of_call_released_by_stop(server, call) -> Exception:
+    """Runs `call()` in a thread until it blocks, stops `server`, and returns the `ReverbError` the call then
+    raised; fails if the call still blocks 10 s after the stop, or returned."""
+    import replay_tf as reverb
+
+    errors = []
+
+    def run():
+        try:
+            call()
+        except reverb.ReverbError as e:
+            errors.append(e)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(0.2)
+    server.stop()
+    thread.join(10)
+    assert not thread.is_alive(), "the call still blocks 10 s after the server stopped"
+    assert errors, "the call returned instead of raising once the server stopped"
+    return errors[0]

@@ -139,22 +139,9 @@ def test_checkpoint_needs_a_checkpointer(server):
 
 
 def test_stopped_server_cancels_blocked_sample(server):
-    import threading
     client = server.localhost_client()
-    errors = []
-
-    def sample():
-        try:
-            next(client.sample("plain"))
-        except reverb.ReverbError as e:
-            errors.append(e)
-
-    thread = threading.Thread(target=sample, daemon=True)
-    thread.start()
-    thread.join(0.2)
-    server.stop()
-    thread.join(10)
-    assert not thread.is_alive() and "closed" in str(errors[0])
+    error = reverb_testlib.error_of_call_released_by_stop(server, lambda: next(client.sample("plain")))
+    assert "closed" in str(error)
 
 
 SCENARIOS = {

@@ -70,21 +70,7 @@ def test_timeout_and_close_release_blocked_calls():
     with pytest.raises(reverb.DeadlineExceededError,
                        match="Rate Limiter: Timeout exceeded before the right to insert was acquired."):
         table.sample(1, timeout_ms=20)
-    errors = []
-
-    def blocked():
-        try:
-            table.sample(1)
-        except reverb.ReverbError as e:
-            errors.append(e)
-
-    thread = threading.Thread(target=blocked, daemon=True)
-    thread.start()
-    thread.join(0.2)
-    server.stop()
-    thread.join(10)
-    assert not thread.is_alive()
-    assert "closed" in str(errors[0])
+    assert "closed" in str(reverb_testlib.error_of_call_released_by_stop(server, lambda: table.sample(1)))
 
 
 _PRELUDE = """

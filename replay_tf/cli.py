@@ -131,7 +131,7 @@ def _signature(value: Any, where: str):
     """
     import tensorflow as tf  # noqa: PLC0415
 
-    from rlds_tf import _structure_coder  # noqa: PLC0415
+    from rlds_tf import structure_coder  # noqa: PLC0415
 
     if isinstance(value, Mapping) and "dtype" in value and set(value) <= _SPEC_KEYS:
         bounds = [k for k in ("minimum", "maximum") if k in value]
@@ -139,7 +139,7 @@ def _signature(value: Any, where: str):
             if len(bounds) == 1:
                 raise ValueError(f"'{bounds[0]}' needs the other bound too: give both minimum and maximum")
             if bounds:
-                return _structure_coder.bounded_tensor_spec(value.get("shape", []), tf.as_dtype(value["dtype"]),
+                return structure_coder.bounded_tensor_spec(value.get("shape", []), tf.as_dtype(value["dtype"]),
                                                             value["minimum"], value["maximum"],
                                                             name=value.get("name"))
             return tf.TensorSpec(value.get("shape", []), tf.as_dtype(value["dtype"]), name=value.get("name"))

@@ -17,7 +17,7 @@ True
 
 The conversions (`item_to_proto`, `trajectory_from_proto`, `table_info_to_proto`, ...) map the core's
 plain Python objects (`replay_tf.core`) to the `deepmind.reverb` messages and back; signatures travel as
-`tensorflow.StructuredValue`, written by `rlds_tf._structure_coder` (public APIs only) byte for byte as
+`tensorflow.StructuredValue`, written by `rlds_tf.structure_coder` (public APIs only) byte for byte as
 TF's private `nested_structure_coder` writes them for Reverb.
 """
 from __future__ import annotations
@@ -37,7 +37,7 @@ from replay_tf.core import table as table_lib
 from replay_tf.wire import limits
 from replay_tf.wire import schema_pb2
 from replay_tf.wire import _raw
-from rlds_tf import _structure_coder as structure_coder
+from rlds_tf import structure_coder
 
 __all__ = [
     "ChunkDecodeError",

@@ -19,7 +19,7 @@ from typing import Any, Optional, Sequence, Union
 import tensorflow as tf
 import tree
 
-from rlds_tf import _structure_coder
+from rlds_tf import structure_coder
 from rlds_tf.patterns import conditions as conditions_lib
 from rlds_tf.patterns import nodes
 from rlds_tf.patterns import patterns_pb2
@@ -52,7 +52,7 @@ class StructuredWriterConfig:
                 p.stop = node.stop
             if node.step is not None:
                 p.step = node.step
-        proto.pattern_structure.CopyFrom(_structure_coder.encode_structure(self.pattern_structure))
+        proto.pattern_structure.CopyFrom(structure_coder.encode_structure(self.pattern_structure))
         if isinstance(self.priority, priorities.TDErrorPriority):
             proto.priority.td_error.max_priority_weight = self.priority.max_priority_weight
             proto.priority.td_error.flat_source_index = self.priority.flat_source_index
@@ -82,7 +82,7 @@ class StructuredWriterConfig:
             step=n.step if n.HasField("step") else None) for n in proto.flat)
         if proto.HasField("pattern_structure"):
             # Also reads a StructuredValue from another descriptor pool (e.g. Reverb's).
-            structure = _structure_coder.decode_structure(proto.pattern_structure)
+            structure = structure_coder.decode_structure(proto.pattern_structure)
         else:
             structure = [None] * len(flat)
         if proto.HasField("priority") and proto.priority.WhichOneof("priority_fn") == "td_error":

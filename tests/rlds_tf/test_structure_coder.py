@@ -1,4 +1,4 @@
-"""rlds_tf._structure_coder against TF's private `nested_structure_coder`, here (TF 2.21) and in the peer (TF 2.15).
+"""rlds_tf.structure_coder against TF's private `nested_structure_coder`, here (TF 2.21) and in the peer (TF 2.15).
 
 `_CASES` runs unchanged in both interpreters and fills `CASES[name] = nest`; the oracle is each TF's own
 `nested_structure_coder.encode_structure` (tests may reach into TF; the package may not), compared byte for
@@ -15,7 +15,7 @@ import tensorflow as tf
 from tensorflow.core.protobuf import struct_pb2
 from tensorflow.python.saved_model import nested_structure_coder  # the oracle  # pylint: disable=g-direct-tensorflow-import
 
-from rlds_tf import _structure_coder as coder
+from rlds_tf import structure_coder as coder
 
 _CASES = r'''
 import collections
@@ -57,7 +57,7 @@ CASES = {
 _PEER = _CASES + r'''
 import types
 from tensorflow.python.saved_model import nested_structure_coder
-ours = types.ModuleType('_structure_coder')
+ours = types.ModuleType('structure_coder')
 exec(INPUTS['coder_source'], ours.__dict__)  # our module, run on TF 2.15 and its protobuf runtime
 emit('theirs', {name: nested_structure_coder.encode_structure(nest).SerializeToString().hex()
                 for name, nest in CASES.items()})

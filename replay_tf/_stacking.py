@@ -19,7 +19,8 @@ import numpy as np
 from replay_tf import errors
 from replay_tf.core import chunk_store
 from replay_tf.wire import _raw
-from replay_tf.wire import codec
+from replay_tf.wire import chunk_codec
+from replay_tf.wire import tensor_codec
 
 _get_squeeze = operator.itemgetter(0)
 _get_start = operator.itemgetter(3)
@@ -27,11 +28,11 @@ _get_stop = operator.itemgetter(4)
 _tensors = operator.attrgetter("tensors")
 
 TensorsOf = Callable[[chunk_store.Chunk], list]  # a chunk's decoded tensors
-PendingOf = Callable[[chunk_store.Chunk], Optional[list]]  # its `codec.PendingTensor`s, if it is read so
+PendingOf = Callable[[chunk_store.Chunk], Optional[list]]  # its `tensor_codec.PendingTensor`s, if it is read so
 
 
 def gather_column(items: list, i: int, out: np.ndarray, tensors_of: TensorsOf = _tensors,
-                  pending_of: PendingOf = codec.pending_tensors) -> bool:
+                  pending_of: PendingOf = chunk_codec.pending_tensors) -> bool:
     """Fills `out[k]` with column `i` of `items[k]`: one view per chunk slice, copied by one concatenate.
 
     Chunks for which `pending_of` gives `PendingTensor`s (by default one-row chunks of a remote sample
@@ -144,7 +145,7 @@ class DecodedChunks:
         def pending_of(chunk: chunk_store.Chunk) -> Optional[list]:
             if chunk.sequence_range.end != chunk.sequence_range.start:
                 return None
-            return codec.stored_tensors(chunk)
+            return chunk_codec.stored_tensors(chunk)
 
         def tensors_of(chunk: chunk_store.Chunk) -> list:
             tensors = seen.get(chunk)
@@ -269,7 +270,7 @@ class StackedLayout:
         for dtype, shape in layouts:
             shape = (n, *shape)
             nbytes = math.prod(shape) * dtype.itemsize
-            head = _raw.tensor_head(codec.dtype_enum(dtype), shape, nbytes)
+            head = _raw.tensor_head(tensor_codec.dtype_enum(dtype), shape, nbytes)
             parts += [_TAG_COLUMN, _raw.varint(len(head) + nbytes), head, (dtype, shape, nbytes)]
         body = sum(len(p) if type(p) is bytes else p[2] for p in parts)
         self._num_columns = len(layouts)
@@ -409,7 +410,7 @@ def _checked(info: list, columns: list) -> StackedSamples:
     arrays = []
     for i, (enum, shape, content) in enumerate(columns):
         try:
-            dtype = codec.numpy_dtype(enum)
+            dtype = tensor_codec.numpy_dtype(enum)
         except (KeyError, ValueError) as e:
             raise errors.ReverbError(f"stacked samples: column {i} has an unsupported dtype ({e})") from None
         if (dtype.kind not in "biuf" or not shape or shape[0] != n or len(shape) > _MAX_RANK

@@ -174,7 +174,8 @@ class DirectoryCheckpointer:
 
     def _save(self, server) -> str:
         from replay_tf.wire import checkpoint_pb2  # noqa: PLC0415  (protos load TF; only needed here)
-        from replay_tf.wire import codec  # noqa: PLC0415
+        from replay_tf.wire import chunk_codec  # noqa: PLC0415
+        from replay_tf.wire import protos  # noqa: PLC0415
 
         now = datetime.datetime.now(datetime.timezone.utc)
         name = now.strftime("%Y%m%dT%H%M%S.%fZ")
@@ -202,19 +203,19 @@ class DirectoryCheckpointer:
             proto.rate_limiter.insert_count = state["inserts"]
             proto.rate_limiter.sample_count = state["samples"]
             proto.rate_limiter.delete_count = state["deletes"]
-            proto.sampler.CopyFrom(codec.key_distribution_options_to_proto(info.sampler_options))
-            proto.remover.CopyFrom(codec.key_distribution_options_to_proto(info.remover_options))
+            proto.sampler.CopyFrom(protos.key_distribution_options_to_proto(info.sampler_options))
+            proto.remover.CopyFrom(protos.key_distribution_options_to_proto(info.remover_options))
             if info.signature is not None:
-                proto.signature.CopyFrom(codec.encode_signature(info.signature))
+                proto.signature.CopyFrom(protos.encode_signature(info.signature))
             table_records.append(proto.SerializeToString())
             for item, priority, times_sampled in entries:
                 for chunk in item.chunks.values():
                     chunks.setdefault(chunk.key, chunk)
-                item_records.append(codec.item_to_proto(item, table_name, priority=priority,
+                item_records.append(protos.item_to_proto(item, table_name, priority=priority,
                                                         times_sampled=times_sampled).SerializeToString())
         try:
             _write_records(os.path.join(partial, _CHUNKS_FILE),
-                           (codec.serialized_chunk(c) for c in chunks.values()))
+                           (chunk_codec.serialized_chunk(c) for c in chunks.values()))
             _write_records(os.path.join(partial, _ITEMS_FILE), iter(item_records))
             _write_records(os.path.join(partial, _TABLES_FILE), iter(table_records))
             _write_records(os.path.join(partial, _DONE_FILE), iter(()))
@@ -333,7 +334,8 @@ def _parse(message_class, record: bytes, path: str, file_name: str, index: int):
 
 def _load_chunks(path: str, schema_pb2) -> tuple:
     """`({key: (chunk, headers)}, {key: why it cannot be decoded})` of a checkpoint's chunk records."""
-    from replay_tf.wire import codec  # noqa: PLC0415
+    from replay_tf.wire import chunk_codec  # noqa: PLC0415
+    from replay_tf.wire import tensor_codec  # noqa: PLC0415
 
     chunks, bad = {}, {}
     for index, record in enumerate(_read_records(os.path.join(path, _CHUNKS_FILE))):
@@ -342,8 +344,8 @@ def _load_chunks(path: str, schema_pb2) -> tuple:
         if key in chunks or key in bad:
             raise CheckpointError(f"checkpoint {path}: {_CHUNKS_FILE} record {index} repeats chunk key {key}")
         try:
-            chunks[key] = codec.chunk_from_proto(proto, record, check_content=True)
-        except codec.ChunkDecodeError as e:
+            chunks[key] = chunk_codec.chunk_from_proto(proto, record, check_content=True)
+        except tensor_codec.ChunkDecodeError as e:
             bad[key] = f"chunk {key} ({_CHUNKS_FILE} record {index}) cannot be decoded: {e}"
             _log.error("checkpoint %s: %s", path, bad[key])
     return chunks, bad
@@ -352,9 +354,9 @@ def _load_chunks(path: str, schema_pb2) -> tuple:
 def _restored_item(proto, table, chunks: dict, bad_chunks: dict, where: str):
     """The core item of a checkpoint record, checked as the insert stream checks items (chunk headers, not
     their data); a `DroppedItem` when it uses a chunk that cannot be decoded; CheckpointError otherwise."""
-    from replay_tf.wire import codec  # noqa: PLC0415
+    from replay_tf.wire import protos  # noqa: PLC0415
 
-    trajectory = codec.trajectory_from_proto(proto.flat_trajectory)
+    trajectory = protos.trajectory_from_proto(proto.flat_trajectory)
     keys = {s.chunk_key for column in trajectory for s in column.slices}
     poisoned = sorted(keys & bad_chunks.keys())
     if poisoned:

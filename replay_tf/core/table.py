@@ -104,13 +104,13 @@ class TableInfo:
         Raises:
           ValueError: If `proto_string` is not a serialized `TableInfo`.
         """
-        from replay_tf.wire import codec  # noqa: PLC0415  (the core does not depend on the wire format)
+        from replay_tf.wire import protos  # noqa: PLC0415  (the core does not depend on the wire format)
         from google.protobuf import message  # noqa: PLC0415
         try:
             proto = _schema_pb2().TableInfo.FromString(proto_string)
         except (message.DecodeError, TypeError) as e:
             raise ValueError(f"not a serialized deepmind.reverb.TableInfo ({len(proto_string)} bytes): {e}") from None
-        return codec.table_info_from_proto(proto)
+        return protos.table_info_from_proto(proto)
 
 
 class SampledItem(NamedTuple):

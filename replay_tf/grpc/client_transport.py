@@ -1,7 +1,7 @@
 """The remote transport of `replay_tf.Client`: Reverb's gRPC protocol to any server (ours or dm-reverb's).
 
 Implements `replay_tf.client.Transport` over `deepmind.reverb.ReverbService`:
-  - insert streams encode each item's chunks once (`wire.codec`, as Reverb's writers do) and send each
+  - insert streams encode each item's chunks once (`wire.chunk_codec`, as Reverb's writers do) and send each
     chunk once per call while the server keeps it; `keep_chunk_keys` names the sent chunks that later
     items may use (the writer's live chunks, a handful). The writer's thread gathers items into requests
     of up to ~1 MiB and encodes each whole (gRPC's sending thread sends one that lingers 5 ms), so `send`
@@ -43,7 +43,7 @@ from replay_tf import errors
 from replay_tf.grpc import common
 from replay_tf.grpc import insert_stream
 from replay_tf.grpc import sample_stream
-from replay_tf.wire import codec
+from replay_tf.wire import protos
 from replay_tf.wire import reverb_service_pb2
 
 translate_error = common.translate_error
@@ -236,7 +236,7 @@ class Transport:
             raise errors.DeadlineExceededError(
                 f"ServerInfo call did not complete within provided timeout of {timeout_s}s"
                 f"{self._not_connected_hint()}") from e
-        return {info.name: codec.table_info_from_proto(info) for info in response.table_info}
+        return {info.name: protos.table_info_from_proto(info) for info in response.table_info}
 
     def checkpoint(self) -> str:
         return self._call("Checkpoint", reverb_service_pb2.CheckpointRequest(),

@@ -14,7 +14,7 @@ from replay_tf.core import chunk_store as chunk_store_lib
 from replay_tf.grpc import common
 from replay_tf.grpc import malloc
 from replay_tf.wire import _raw
-from replay_tf.wire import codec
+from replay_tf.wire import chunk_codec
 from replay_tf.wire import reverb_service_pb2
 
 
@@ -124,7 +124,7 @@ class _Connection:
         and its resolved columns die here rather than when the server confirms it.
 
         The request is assembled as bytes (chunks = 1, items = 2, keep_chunk_keys = 3): each chunk not sent
-        before on this call as its serialized ChunkData (see `codec.serialized_chunk_parts`), before the
+        before on this call as its serialized ChunkData (see `chunk_codec.serialized_chunk_parts`), before the
         first item that uses it; items written field by field (see `_raw`).
         """
         items, tables = self._items, self._tables
@@ -200,7 +200,7 @@ def _chunk_field(chunk: chunk_store_lib.Chunk, key_field: bytes) -> tuple:
     that hold it at their next (a younger generation's), so hundreds of unconfirmed items never reach its
     oldest generation.
     """
-    chunk_data = codec.serialized_chunk_parts(chunk, key_field)
+    chunk_data = chunk_codec.serialized_chunk_parts(chunk, key_field)
     return (_raw.request_chunk_head(sum(map(len, chunk_data))), *chunk_data)
 
 

@@ -31,7 +31,8 @@ from replay_tf.core import table as table_lib
 from replay_tf.grpc import common
 from replay_tf.grpc import statuses
 from replay_tf.wire import _raw
-from replay_tf.wire import codec
+from replay_tf.wire import chunk_codec
+from replay_tf.wire import tensor_codec
 from replay_tf.wire import limits
 from replay_tf.wire import reverb_service_pb2
 from replay_tf.wire import schema_pb2
@@ -255,11 +256,11 @@ class InsertStreams:
                     # A chunk is kept as the bytes it arrived as (a slice of the request), not serialized again.
                     serialized = raw[ranges[index][0]:ranges[index][1]] if ranges else None
                     try:
-                        chunk, headers = codec.chunk_from_proto(chunk_proto, serialized, check_content=True,
+                        chunk, headers = chunk_codec.chunk_from_proto(chunk_proto, serialized, check_content=True,
                                                                 check_step=self._step_check)
-                    except codec.ChunkTooLargeError as e:
+                    except tensor_codec.ChunkTooLargeError as e:
                         raise statuses.StatusError(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e)) from None
-                    except codec.ChunkDecodeError as e:
+                    except tensor_codec.ChunkDecodeError as e:
                         raise statuses.StatusError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
                     stored = self._chunk_store.insert(chunk)
                     if stored is not chunk:
@@ -301,10 +302,10 @@ class InsertStreams:
         Items will refer to `stored`, so they must be checked against its headers, not against those of
         the copy just received (which may differ: a hostile or buggy client reusing a key).
         """
-        serialized = codec.serialized_chunk(stored)
+        serialized = chunk_codec.serialized_chunk(stored)
         if serialized == received.encoded:
             return headers
-        return codec.chunk_from_proto(schema_pb2.ChunkData.FromString(serialized), serialized)[1]
+        return chunk_codec.chunk_from_proto(schema_pb2.ChunkData.FromString(serialized), serialized)[1]
 
     def _item(self, entry: servicer_lib.TableEntry, proto: schema_pb2.PrioritizedItem, held: dict,
               checked: set) -> chunk_store_lib.Item:

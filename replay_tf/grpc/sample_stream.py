@@ -16,7 +16,8 @@ from replay_tf.core import table as table_lib
 from replay_tf.grpc import common
 from replay_tf.grpc import malloc
 from replay_tf.grpc import shared_memory as shared_memory_lib
-from replay_tf.wire import codec
+from replay_tf.wire import chunk_codec
+from replay_tf.wire import tensor_codec
 from replay_tf.wire import reverb_service_pb2
 from replay_tf.wire import schema_pb2
 
@@ -211,7 +212,7 @@ class SampleStream:
             return batch
 
     @staticmethod
-    def _chunk(proto: schema_pb2.ChunkData, cache, decode=codec.decode_tensor, pending=codec.pending_tensor
+    def _chunk(proto: schema_pb2.ChunkData, cache, decode=tensor_codec.decode_tensor, pending=tensor_codec.pending_tensor
                ) -> tuple:
         """`(chunk, rows, tensors, nbytes)` for `proto`: its chunk, its number of rows and of tensors (for the
         bounds checks of `_sampled_item`) and its decoded bytes (what the cache counts).
@@ -230,7 +231,7 @@ class SampleStream:
             cache.move_to_end(key)
             return entry
         delta = proto.delta_encoded
-        # (codec.decode_chunk_tensors, inlined: chunks from old checkpoints keep their tensors elsewhere)
+        # (chunk_codec.decode_chunk_tensors, inlined: chunks from old checkpoints keep their tensors elsewhere)
         encoded = proto.data.tensors if proto.HasField("data") else proto.deprecated_data
         sequence_range = chunk_store_lib.SequenceRange(r.episode_id, start, r.end, r.sparse)
         # (indexing a repeated field costs a fraction of iterating over it)

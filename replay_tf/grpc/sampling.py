@@ -24,7 +24,8 @@ from replay_tf.grpc import malloc
 from replay_tf.grpc import shared_memory
 from replay_tf.grpc import statuses
 from replay_tf.wire import _raw
-from replay_tf.wire import codec
+from replay_tf.wire import chunk_codec
+from replay_tf.wire import protos
 from replay_tf.wire import reverb_service_pb2
 
 if TYPE_CHECKING:
@@ -119,7 +120,7 @@ class SampleStreams:
         """Serialized key, table, inserted_at and flat trajectory of an item (cached: they never change)."""
         prefix = self._trajectories.get(item)
         if prefix is None:
-            trajectory = codec.trajectory_to_proto(item.trajectory).SerializeToString()
+            trajectory = protos.trajectory_to_proto(item.trajectory).SerializeToString()
             prefix = _raw.item_prefix(item.key, entry.table_field, item.inserted_at, trajectory)
             with self._trajectories_lock:
                 self._trajectories[item] = prefix
@@ -129,7 +130,7 @@ class SampleStreams:
         fields = []
         for chunk in item.chunks.values():
             cached = self._chunk_heads.get(chunk)
-            serialized = codec.serialized_chunk(chunk)
+            serialized = chunk_codec.serialized_chunk(chunk)
             if cached is None or cached[1] is not serialized:
                 cached = _raw.chunk_field(serialized)
                 self._chunk_heads[chunk] = cached

@@ -76,8 +76,8 @@ def tables_from_proto(configs: Sequence[checkpoint_pb2.PriorityTableCheckpoint])
     for config in configs:
         signature = None
         if config.HasField("signature"):
-            from replay_tf.wire import codec  # noqa: PLC0415  (decoding a signature needs TF's coder)
-            signature = codec.decode_signature(config.signature)
+            from replay_tf.wire import protos  # noqa: PLC0415  (decoding a signature needs TF's coder)
+            signature = protos.decode_signature(config.signature)
         tables.append(Table(name=config.table_name,
                             sampler=selector_from_proto(config.sampler),
                             remover=selector_from_proto(config.remover),

@@ -21,7 +21,8 @@ import replay_tf as reverb
 from replay_tf import cli
 from replay_tf.core import checkpointing
 from replay_tf.core import chunk_store
-from replay_tf.wire import codec
+from replay_tf.wire import chunk_codec
+from replay_tf.wire import tensor_codec
 from replay_tf.wire import reverb_service_pb2
 from replay_tf.wire import schema_pb2
 
@@ -47,7 +48,7 @@ def _insert_request(chunks=(), items=(), keep=()):
     """An InsertStreamRequest: `items` are `(key, table, chunk, priority)`, each over all rows of `chunk`."""
     request = reverb_service_pb2.InsertStreamRequest(keep_chunk_keys=list(keep))
     for chunk in chunks:
-        request.chunks.append(codec.chunk_to_proto(chunk))
+        request.chunks.append(chunk_codec.chunk_to_proto(chunk))
     for key, table, chunk, priority in items:
         item = request.items.add(key=key, table=table, priority=priority)
         item.flat_trajectory.columns.add().chunk_slices.add(chunk_key=chunk.key, offset=0, length=chunk.num_rows)
@@ -181,7 +182,7 @@ def test_insert_stream_refuses_colliding_items_and_chunks(grpc_server, channel):
 
 def _truncated_body_chunk(key, values):
     """A chunk proto whose Snappy header announces the right size but whose body ends early."""
-    proto = codec.chunk_to_proto(_chunk(key, values))
+    proto = chunk_codec.chunk_to_proto(_chunk(key, values))
     content = proto.data.tensors[0].tensor_content
     proto.data.tensors[0].tensor_content = content[:len(content) - 3]
     return proto
@@ -195,15 +196,15 @@ def test_chunk_content_check_catches_a_truncated_body_with_a_new_or_a_seen_heade
         return chunk_store.Chunk(key, [values], chunk_store.SequenceRange(1, 0, 39))
 
     for attempt in range(2):  # the second time, the header is known and the fast path reads the bytes in place
-        proto = codec.chunk_to_proto(make(3000 + attempt))
+        proto = chunk_codec.chunk_to_proto(make(3000 + attempt))
         content = proto.data.tensors[0].tensor_content
         proto.data.tensors[0].tensor_content = content[:-1]
         serialized = proto.SerializeToString()
-        codec.chunk_from_proto(proto, serialized)  # only the Snappy header is read: it announces the right size
-        with pytest.raises(codec.ChunkDecodeError, match=rf"chunk {3000 + attempt}: tensor 0 content is not valid"):
-            codec.chunk_from_proto(proto, serialized, check_content=True)
-        sound = codec.chunk_to_proto(make(3100 + attempt))
-        chunk, headers = codec.chunk_from_proto(sound, sound.SerializeToString(), check_content=True)
+        chunk_codec.chunk_from_proto(proto, serialized)  # only the Snappy header is read: it announces the right size
+        with pytest.raises(tensor_codec.ChunkDecodeError, match=rf"chunk {3000 + attempt}: tensor 0 content is not valid"):
+            chunk_codec.chunk_from_proto(proto, serialized, check_content=True)
+        sound = chunk_codec.chunk_to_proto(make(3100 + attempt))
+        chunk, headers = chunk_codec.chunk_from_proto(sound, sound.SerializeToString(), check_content=True)
         assert headers == [(np.dtype(dtype), (40,))] and chunk.tensors[0].tolist() == values.tolist()
 
 

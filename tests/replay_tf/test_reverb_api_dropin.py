@@ -406,13 +406,13 @@ def test_table_info_converts_core_records_and_refuses_others():
 
 
 def test_table_info_round_trips_through_the_proto():
-    from replay_tf.wire import codec
+    from replay_tf.wire import protos
 
     table = reverb.Table("t", reverb.selectors.MaxHeap(), reverb.selectors.Lifo(), 4,
                          reverb.rate_limiters.SampleToInsertRatio(1.5, 2, 3.0),
                          signature={"a": tf.TensorSpec([2], tf.float32, name="a")})
     info = table.info
-    back = reverb.reverb_types.TableInfo.from_serialized_proto(codec.table_info_to_proto(info).SerializeToString())
+    back = reverb.reverb_types.TableInfo.from_serialized_proto(protos.table_info_to_proto(info).SerializeToString())
     assert back == info
 
 
@@ -491,7 +491,7 @@ def test_tables_from_proto():
 
 
 def test_tables_from_proto_applies_a_signature():
-    from replay_tf.wire import codec
+    from replay_tf.wire import protos
 
     proto = checkpoint_pb2.PriorityTableCheckpoint(table_name="s", max_size=3)
     proto.sampler.uniform = True
@@ -500,7 +500,7 @@ def test_tables_from_proto_applies_a_signature():
     proto.rate_limiter.min_size_to_sample = 1
     proto.rate_limiter.min_diff, proto.rate_limiter.max_diff = -1.0, 1.0
     signature = {"obs": tf.TensorSpec([3], tf.float32, name="obs")}
-    proto.signature.CopyFrom(codec.encode_signature(signature))
+    proto.signature.CopyFrom(protos.encode_signature(signature))
     [table] = server_from_proto.tables_from_proto([proto])
     assert table.info.signature == signature
 

@@ -415,7 +415,7 @@ def test_doctests():
 def _sample_response(entries):
     """A SampleStreamResponse of `entries`: (item key or None, chunks, end_of_sequence, trajectory columns)."""
     from replay_tf.core import chunk_store
-    from replay_tf.wire import codec
+    from replay_tf.wire import chunk_codec
     from replay_tf.wire import reverb_service_pb2
     response = reverb_service_pb2.SampleStreamResponse()
     for key, chunks, end, columns in entries:
@@ -433,7 +433,7 @@ def _sample_response(entries):
         for chunk_key, episode, start, tensors in chunks:
             chunk = chunk_store.Chunk(chunk_key, tensors, chunk_store.SequenceRange(episode, start,
                                                                                    start + len(tensors[0]) - 1))
-            entry.data.append(codec.chunk_to_proto(chunk))
+            entry.data.append(chunk_codec.chunk_to_proto(chunk))
     return response
 
 

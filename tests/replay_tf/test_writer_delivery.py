@@ -535,7 +535,7 @@ def test_encoded_items_are_kept_as_untracked_bytes_and_resent_in_order(monkeypat
 
     from replay_tf.grpc import common
     from replay_tf.grpc import insert_stream
-    from replay_tf.wire import codec
+    from replay_tf.wire import chunk_codec
     from replay_tf.wire import reverb_service_pb2
 
     chunks, items = _chunk_and_items()
@@ -570,7 +570,7 @@ def test_encoded_items_are_kept_as_untracked_bytes_and_resent_in_order(monkeypat
     assert [i.SerializeToString() for r in resent for i in r.items] == expected_items[1:]
     for r in resent:
         for c in r.chunks:
-            np.testing.assert_array_equal(codec.decode_chunk_tensors(c)[0], chunks[c.chunk_key].tensors[0])
+            np.testing.assert_array_equal(chunk_codec.decode_chunk_tensors(c)[0], chunks[c.chunk_key].tensors[0])
 
 
 def test_stream_without_live_chunks_prunes_the_sent_ones_to_the_unconfirmed_items():

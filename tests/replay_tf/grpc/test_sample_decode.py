@@ -11,7 +11,7 @@ import tensorflow as tf
 import replay_tf as reverb
 from replay_tf import client as client_lib
 from replay_tf.grpc import client_transport
-from replay_tf.wire import codec
+from replay_tf.wire import tensor_codec
 
 _FRAME = (64, 64)  # 4 KiB per step: remote writers send one step per chunk (test_remote_chunking.py)
 
@@ -35,12 +35,12 @@ def remote_server(monkeypatch):
 
 def _count_decodes_into(monkeypatch) -> list:
     calls = []
-    original = codec.PendingTensor.decode_into
+    original = tensor_codec.PendingTensor.decode_into
 
     def counted(self, out):
         calls.append(out.shape)
         return original(self, out)
-    monkeypatch.setattr(codec.PendingTensor, "decode_into", counted)
+    monkeypatch.setattr(tensor_codec.PendingTensor, "decode_into", counted)
     return calls
 
 
@@ -54,7 +54,7 @@ def _assert_consecutive_steps(observation: np.ndarray, action: np.ndarray) -> No
 
 def test_dataset_decodes_single_row_chunks_into_its_batches(remote_server, monkeypatch):
     server, _ = remote_server
-    codec.decode_tensor(codec.encode_tensor(np.zeros((1, *_FRAME), np.int32)))  # the frames' header is known
+    tensor_codec.decode_tensor(tensor_codec.encode_tensor(np.zeros((1, *_FRAME), np.int32)))  # the frames' header is known
     calls = _count_decodes_into(monkeypatch)
     dataset = reverb.TrajectoryDataset.from_table_signature(f"localhost:{server.port}", "t",
                                                             max_in_flight_samples_per_worker=16,
@@ -77,8 +77,8 @@ def test_client_sample_decodes_pending_chunks_on_access(remote_server):
 @pytest.mark.parametrize("rows", [1, 3])
 def test_pending_tensor_undoes_delta_encoding_into_a_view(rows):
     array = np.random.default_rng(0).integers(-1000, 1000, (rows, 5, 7), dtype=np.int64)
-    codec.decode_tensor(codec.encode_tensor(array, delta_encoded=True), delta_encoded=True)  # learns the header
-    pending = codec.pending_tensor(codec.encode_tensor(array, delta_encoded=True), delta_encoded=True)
+    tensor_codec.decode_tensor(tensor_codec.encode_tensor(array, delta_encoded=True), delta_encoded=True)  # learns the header
+    pending = tensor_codec.pending_tensor(tensor_codec.encode_tensor(array, delta_encoded=True), delta_encoded=True)
     assert pending.delta and pending.shape == array.shape and pending.nbytes == array.nbytes
     batch = np.zeros((rows + 2, 5, 7), np.int64)
     pending.decode_into(batch[1:rows + 1])
@@ -89,21 +89,21 @@ def test_pending_tensor_undoes_delta_encoding_into_a_view(rows):
 
 def test_pending_tensor_with_corrupt_content_names_the_sizes():
     array = np.arange(24, dtype=np.float32).reshape(1, 4, 6)
-    proto = codec.encode_tensor(array)
-    codec.decode_tensor(proto)
-    pending = codec.pending_tensor(proto)._replace(content=b"\x05\x10abcde")  # Snappy for 5 bytes
-    with pytest.raises(codec.ChunkDecodeError, match=r"shape \[1, 4, 6\] needs 96 bytes, its content "
+    proto = tensor_codec.encode_tensor(array)
+    tensor_codec.decode_tensor(proto)
+    pending = tensor_codec.pending_tensor(proto)._replace(content=b"\x05\x10abcde")  # Snappy for 5 bytes
+    with pytest.raises(tensor_codec.ChunkDecodeError, match=r"shape \[1, 4, 6\] needs 96 bytes, its content "
                                                      r"decompresses to 5"):
         pending.decode_into(np.empty((1, 4, 6), np.float32))
-    with pytest.raises(codec.ChunkDecodeError, match="not valid Snappy"):
+    with pytest.raises(tensor_codec.ChunkDecodeError, match="not valid Snappy"):
         pending._replace(content=b"\xff\xff\xff\xff\xff").decode()
 
 
 def test_unseen_headers_are_decoded_the_usual_way():
-    proto = codec.encode_tensor(np.zeros((1, 3, 11, 13), np.uint16))
-    assert codec.pending_tensor(proto) is None  # decode_tensor checks a header before it is trusted
-    codec.decode_tensor(proto)
-    assert codec.pending_tensor(proto) is not None
+    proto = tensor_codec.encode_tensor(np.zeros((1, 3, 11, 13), np.uint16))
+    assert tensor_codec.pending_tensor(proto) is None  # decode_tensor checks a header before it is trusted
+    tensor_codec.decode_tensor(proto)
+    assert tensor_codec.pending_tensor(proto) is not None
 
 
 @pytest.mark.parametrize("with_info, end_of_sequence", [(True, True), (True, False), (False, True)])

@@ -21,7 +21,7 @@ from replay_tf.core import chunk_store
 from replay_tf.core import table as table_lib
 from replay_tf.grpc import client_transport
 from replay_tf.grpc import shared_memory
-from replay_tf.wire import codec
+from replay_tf.wire import chunk_codec
 from replay_tf.wire import reverb_service_pb2
 
 pytestmark = pytest.mark.skipif(not shared_memory.enabled(), reason="needs Linux with /dev/shm")
@@ -109,13 +109,13 @@ def test_slots_are_the_inline_response_byte_for_byte():
                                            key == 2))
         rows.append((frames, actions[1]))
     tensors_of = lambda chunk: chunk.tensors  # noqa: E731
-    layouts = _stacking.column_layouts(items[0].item, tensors_of, codec.pending_tensors)
+    layouts = _stacking.column_layouts(items[0].item, tensors_of, chunk_codec.pending_tensors)
     layout = _stacking.StackedLayout(items, layouts)
-    columns = _stacking.stack_items([s.item for s in items], layouts, tensors_of, codec.pending_tensors)
+    columns = _stacking.stack_items([s.item for s in items], layouts, tensors_of, chunk_codec.pending_tensors)
     inline = layout.join(columns)
     assert inline == _stacking.stacked_response(items, columns) and len(inline) == layout.size
     buffer = memoryview(bytearray(layout.size + 10))
-    assert layout.gather_into(buffer, [s.item for s in items], tensors_of, codec.pending_tensors)
+    assert layout.gather_into(buffer, [s.item for s in items], tensors_of, chunk_codec.pending_tensors)
     assert bytes(buffer[:layout.size]) == inline
     read = _stacking.read_stacked_response(inline)
     np.testing.assert_array_equal(read.columns[0], [frames for frames, _ in rows])

@@ -16,7 +16,8 @@ from replay_tf.core import chunk_store
 from replay_tf.core import table as table_lib
 from replay_tf.grpc import client_transport
 from replay_tf.grpc import sample_stream
-from replay_tf.wire import codec
+from replay_tf.wire import chunk_codec
+from replay_tf.wire import tensor_codec
 from replay_tf.wire import reverb_service_pb2
 from replay_tf.wire import schema_pb2
 
@@ -74,8 +75,8 @@ def _assert_named_steps(server, batch) -> None:
 def test_dataset_batches_are_exact_with_and_without_stacking(remote_server, monkeypatch, stacked):
     seen = _count_stacked(monkeypatch)
     decoded_into = []  # frames decoded straight into their rows (server: from views of the stored bytes)
-    original = codec.PendingTensor.decode_into
-    monkeypatch.setattr(codec.PendingTensor, "decode_into",
+    original = tensor_codec.PendingTensor.decode_into
+    monkeypatch.setattr(tensor_codec.PendingTensor, "decode_into",
                         lambda self, out: decoded_into.append(type(self.content)) or original(self, out))
     dataset = reverb.TrajectoryDataset.from_table_signature(f"localhost:{remote_server.port}", "t",
                                                             max_in_flight_samples_per_worker=20,
@@ -155,10 +156,10 @@ def test_stacked_response_is_protobufs_encoding_and_reads_back():
     rng = np.random.default_rng(0)
     sampled = [_sampled(k, rng.integers(0, 1000, (4, 2, 3)).astype(np.int64), rng.random(4).astype(np.float32))
                for k in (3, 4, 2 ** 64 - 1)]
-    layouts = _stacking.column_layouts(sampled[0].item, lambda chunk: chunk.tensors, codec.pending_tensors)
+    layouts = _stacking.column_layouts(sampled[0].item, lambda chunk: chunk.tensors, chunk_codec.pending_tensors)
     assert layouts == [(np.dtype(np.int64), (2, 2, 3)), (np.dtype(np.float32), ())]
     columns = _stacking.stack_items([s.item for s in sampled], layouts, lambda chunk: chunk.tensors,
-                                    codec.pending_tensors)
+                                    chunk_codec.pending_tensors)
     assert [c.shape for c in columns] == [(3, 2, 2, 3), (3,)]
     raw = _stacking.stacked_response(sampled, columns)
 
@@ -171,7 +172,7 @@ def test_stacked_response_is_protobufs_encoding_and_reads_back():
     proto.table_sizes.extend([s.table_size for s in sampled])
     proto.rate_limited.extend([s.rate_limited for s in sampled])
     for column in columns:
-        tensor = proto.columns.add(dtype=codec.dtype_enum(column.dtype), tensor_content=column.tobytes())
+        tensor = proto.columns.add(dtype=tensor_codec.dtype_enum(column.dtype), tensor_content=column.tobytes())
         for size in column.shape:
             tensor.tensor_shape.dim.add(size=size)
     assert raw == expected.SerializeToString()
@@ -194,7 +195,7 @@ def _stacked_proto(n=2, **changes):
     proto = reverb_service_pb2.StackedSamples(keys=range(1, n + 1), priorities=[1.0] * n, times_sampled=[1] * n,
                                               probabilities=[0.5] * n, table_sizes=[2] * n,
                                               rate_limited=[False] * n)
-    tensor = proto.columns.add(dtype=codec.dtype_enum(np.dtype(np.float32)), tensor_content=bytes(4 * n * 3))
+    tensor = proto.columns.add(dtype=tensor_codec.dtype_enum(np.dtype(np.float32)), tensor_content=bytes(4 * n * 3))
     tensor.tensor_shape.dim.add(size=n)
     tensor.tensor_shape.dim.add(size=3)
     for name, value in changes.items():
@@ -335,7 +336,7 @@ def test_server_keeps_decoded_multi_row_chunks_within_its_bound_and_never_one_ro
 def _serialized_chunk(tensors, delta=False, key=7):
     chunk = chunk_store.Chunk(key, tensors, chunk_store.SequenceRange(3, 10, 10 + len(tensors[0]) - 1),
                               delta_encoded=delta)
-    return codec.chunk_to_proto(chunk).SerializeToString()
+    return chunk_codec.chunk_to_proto(chunk).SerializeToString()
 
 
 @pytest.mark.parametrize("delta", [False, True])
@@ -344,17 +345,17 @@ def test_stored_tensors_are_views_of_the_serialized_chunk_that_decode_as_protobu
     tensors = [rng.integers(-50, 50, (1, 6, 5)).astype(np.int32), rng.random((1, 3)).astype(np.float64),
                np.array([True], bool)]
     serialized = _serialized_chunk(tensors, delta)
-    chunk, _ = codec.chunk_from_proto(schema_pb2.ChunkData.FromString(serialized), serialized)
-    stored = codec.stored_tensors(chunk)
+    chunk, _ = chunk_codec.chunk_from_proto(schema_pb2.ChunkData.FromString(serialized), serialized)
+    stored = chunk_codec.stored_tensors(chunk)
     assert [type(t.content) for t in stored] == [memoryview] * 3 and stored[0].delta is delta
     for pending, proto_tensor, array in zip(stored, schema_pb2.ChunkData.FromString(serialized).data.tensors,
                                             tensors):
         assert bytes(pending.content) == proto_tensor.tensor_content
         np.testing.assert_array_equal(pending.decode(), array)
-    assert not chunk.is_decoded and codec.stored_tensors(chunk) is stored  # found once
-    decoded, _ = codec.chunk_from_proto(schema_pb2.ChunkData.FromString(serialized), serialized)
+    assert not chunk.is_decoded and chunk_codec.stored_tensors(chunk) is stored  # found once
+    decoded, _ = chunk_codec.chunk_from_proto(schema_pb2.ChunkData.FromString(serialized), serialized)
     decoded.tensors  # decoded before anything asked: read from its arrays instead
-    assert codec.stored_tensors(decoded) is None
+    assert chunk_codec.stored_tensors(decoded) is None
 
 
 def test_stored_tensors_leave_what_the_walk_does_not_read_to_protobuf():
@@ -364,7 +365,7 @@ def test_stored_tensors_leave_what_the_walk_does_not_read_to_protobuf():
     for serialized in (strings, proto.SerializeToString()):
         chunk = chunk_store.Chunk(7, None, chunk_store.SequenceRange(0, 0, 0), encoded=serialized,
                                   decoder=lambda _: [])
-        assert codec.stored_tensors(chunk) is None
+        assert chunk_codec.stored_tensors(chunk) is None
 
 
 def test_zero_size_columns_stack_and_read_back():

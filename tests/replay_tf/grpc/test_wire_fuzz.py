@@ -28,7 +28,7 @@ import replay_tf as reverb
 from replay_tf import client as client_lib
 from replay_tf.core import chunk_store
 from replay_tf.wire import _raw
-from replay_tf.wire import codec
+from replay_tf.wire import chunk_codec
 from replay_tf.wire import reverb_service_pb2
 from replay_tf.wire import schema_pb2
 
@@ -83,7 +83,7 @@ def _array(rng: random.Random, rows: int, dtype) -> np.ndarray:
 def _chunk_proto(rng: random.Random, key: int, rows: int = 3, tensors=None) -> schema_pb2.ChunkData:
     tensors = tensors or [_array(rng, rows, rng.choice(_DTYPES)) for _ in range(rng.randint(1, 3))]
     chunk = chunk_store.Chunk(key, tensors, chunk_store.SequenceRange(rng.randrange(1 << 63), 0, rows - 1))
-    return codec.chunk_to_proto(chunk, delta_encoded=rng.random() < 0.3)
+    return chunk_codec.chunk_to_proto(chunk, delta_encoded=rng.random() < 0.3)
 
 
 def _add_item(request, key, table, slices, priority=1.0, squeeze=False, columns=1):

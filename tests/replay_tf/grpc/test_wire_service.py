@@ -18,7 +18,7 @@ from replay_tf.core import chunk_store
 from replay_tf.grpc import common
 from replay_tf.grpc import service
 from replay_tf.wire import _raw
-from replay_tf.wire import codec
+from replay_tf.wire import chunk_codec
 from replay_tf.wire import reverb_service_pb2
 from replay_tf.wire import schema_pb2
 
@@ -59,7 +59,7 @@ def _chunk(key, rows=3, dtype=np.float32, width=2):
 def _request(chunks=(), items=(), keep=()):
     request = reverb_service_pb2.InsertStreamRequest(keep_chunk_keys=list(keep))
     for chunk in chunks:
-        request.chunks.append(codec.chunk_to_proto(chunk))
+        request.chunks.append(chunk_codec.chunk_to_proto(chunk))
     for key, table, slices, squeeze in items:
         item = request.items.add(key=key, table=table, priority=1.0)
         column = item.flat_trajectory.columns.add(squeeze=squeeze)
@@ -106,7 +106,7 @@ def test_insert_stream_errors(channel, server, requests, code, details):
 
 
 def test_corrupt_chunk_content_is_rejected_when_read_and_header_errors_at_once(channel):
-    proto = codec.chunk_to_proto(_chunk(7))
+    proto = chunk_codec.chunk_to_proto(_chunk(7))
     proto.data.tensors[0].dtype = tf.variant.as_datatype_enum
     request = reverb_service_pb2.InsertStreamRequest(chunks=[proto]).SerializeToString()
     code, details = _status(lambda: _stream(channel, "InsertStream", [request]))
@@ -195,7 +195,7 @@ def test_sample_entries_info_and_end_of_sequence(channel, server):
     assert entry.info.probability == 1.0 and entry.info.table_size == 1 and entry.info.item.times_sampled == 1
     assert entry.info.item.inserted_at.seconds > 0
     [chunk] = entry.data
-    np.testing.assert_array_equal(codec.decode_chunk_tensors(chunk)[0], _chunk(60).tensors[0])
+    np.testing.assert_array_equal(chunk_codec.decode_chunk_tensors(chunk)[0], _chunk(60).tensors[0])
 
 
 def test_large_sample_is_split_over_responses(channel, server):
@@ -205,7 +205,7 @@ def test_large_sample_is_split_over_responses(channel, server):
                                chunk_store.SequenceRange(3 + i, 0, 0)) for i in range(3)]
     request = reverb_service_pb2.InsertStreamRequest()
     for chunk in [big] + small:
-        request.chunks.append(codec.chunk_to_proto(chunk))
+        request.chunks.append(chunk_codec.chunk_to_proto(chunk))
     item = request.items.add(key=80, table="q", priority=1.0)
     for chunk in [big] + small:
         item.flat_trajectory.columns.add().chunk_slices.add(chunk_key=chunk.key, offset=0, length=1)
@@ -296,7 +296,7 @@ def test_a_chunk_is_kept_as_the_bytes_it_arrived_as(channel, server):
     # A chunk whose fields come in another order than protobuf writes them (valid: they merge) is stored as
     # received, not serialized again, and reads back the same; a later chunk with the same header whose
     # content contradicts it is still refused.
-    proto = codec.chunk_to_proto(_chunk(320))
+    proto = chunk_codec.chunk_to_proto(_chunk(320))
     reordered = (schema_pb2.ChunkData(data=proto.data).SerializeToString()
                  + schema_pb2.ChunkData(chunk_key=320, sequence_range=proto.sequence_range).SerializeToString())
     assert reordered != proto.SerializeToString()
@@ -304,10 +304,10 @@ def test_a_chunk_is_kept_as_the_bytes_it_arrived_as(channel, server):
                + _request([], [(321, "t", [(320, 1, 2)], False)]))
     _stream(channel, "InsertStream", [request])
     [stored] = server.chunk_store.get([320])
-    assert codec.serialized_chunk(stored) == reordered
+    assert chunk_codec.serialized_chunk(stored) == reordered
     np.testing.assert_array_equal(server.tables["t"].get_item(321).column_arrays()[0], [[2, 3], [4, 5]])
     server.tables["t"].mutate_items(deletes=[321])
-    bad = codec.chunk_to_proto(_chunk(322))
+    bad = chunk_codec.chunk_to_proto(_chunk(322))
     bad.data.tensors[0].tensor_content = bytes(cramjam.snappy.compress_raw(b"\0" * 20))
     code, details = _status(lambda: _stream(channel, "InsertStream", [
         reverb_service_pb2.InsertStreamRequest(chunks=[bad]).SerializeToString()]))

@@ -13,7 +13,9 @@ from replay_tf.core import rate_limiters
 from replay_tf.core import selectors
 from replay_tf.core import table as table_lib
 from replay_tf.wire import _raw
-from replay_tf.wire import codec
+from replay_tf.wire import chunk_codec
+from replay_tf.wire import protos
+from replay_tf.wire import tensor_codec
 from replay_tf.wire import reverb_service_pb2
 from replay_tf.wire import schema_pb2
 
@@ -61,26 +63,26 @@ ROUND_TRIP = [
 @pytest.mark.parametrize("dtype,shape", ROUND_TRIP)
 def test_round_trip(dtype, shape, delta_encoded):
     array = _random(dtype, shape)
-    proto = codec.encode_tensor(array, delta_encoded=delta_encoded)
+    proto = tensor_codec.encode_tensor(array, delta_encoded=delta_encoded)
     assert proto.dtype == tf.as_dtype(np.dtype(dtype)).as_datatype_enum
     assert [d.size for d in proto.tensor_shape.dim] == list(shape)
-    out = codec.decode_tensor(codec.encode_tensor(array, delta_encoded=delta_encoded), delta_encoded=delta_encoded)
+    out = tensor_codec.decode_tensor(tensor_codec.encode_tensor(array, delta_encoded=delta_encoded), delta_encoded=delta_encoded)
     assert out.dtype == array.dtype and out.shape == array.shape
     np.testing.assert_array_equal(out, array)
 
 
 def test_strings_are_uncompressed_tf_string_lists():
     array = np.array([[b"a", b""], [b"\x00\xff", "é".encode() * 100]], dtype=object)
-    proto = codec.encode_tensor(array, delta_encoded=True)
+    proto = tensor_codec.encode_tensor(array, delta_encoded=True)
     assert proto.dtype == tf.string.as_datatype_enum
     # Varint lengths (1, 0, 2, 200 = 0xC8 0x01), then the bytes: what TF's AsProtoTensorContent writes.
     assert proto.tensor_content == b"\x01\x00\x02\xc8\x01" + b"a" + b"\x00\xff" + "é".encode() * 100
-    out = codec.decode_tensor(proto, delta_encoded=True)
+    out = tensor_codec.decode_tensor(proto, delta_encoded=True)
     assert out.dtype == object and out.tolist() == array.tolist()
     # TF's C++ Tensor::FromProto reads it back; TF's Python encoder writes string_val, which we read too.
     assert tf.io.parse_tensor(proto.SerializeToString(), tf.string).numpy().tolist() == array.tolist()
     legacy = tf.make_tensor_proto(array)
-    assert codec.decode_tensor(legacy).tolist() == array.tolist()
+    assert tensor_codec.decode_tensor(legacy).tolist() == array.tolist()
 
 
 @pytest.mark.parametrize("array,expected_rows", [
@@ -91,7 +93,7 @@ def test_strings_are_uncompressed_tf_string_lists():
     (np.array([[0], [2**63 - 1], [-(2**63)]], np.int64), [[0], [2**63 - 1], [1]]),
 ])
 def test_delta_encoding_is_reverbs(array, expected_rows):
-    proto = codec.encode_tensor(array, delta_encoded=True)
+    proto = tensor_codec.encode_tensor(array, delta_encoded=True)
     raw = np.frombuffer(bytes(cramjam.snappy.decompress_raw(proto.tensor_content)),
                         dtype=array.dtype.str.replace("i", "u")).reshape(array.shape)
     np.testing.assert_array_equal(raw, np.array(expected_rows, dtype=raw.dtype))
@@ -99,12 +101,12 @@ def test_delta_encoding_is_reverbs(array, expected_rows):
 
 def test_non_delta_content_is_snappy_of_raw_bytes():
     array = np.arange(24, dtype=np.float32).reshape(4, 6)
-    proto = codec.encode_tensor(array, delta_encoded=True)  # floats ignore delta
+    proto = tensor_codec.encode_tensor(array, delta_encoded=True)  # floats ignore delta
     assert bytes(cramjam.snappy.decompress_raw(proto.tensor_content)) == array.tobytes()
 
 
 def _proto(dtype_enum, shape, content=b"", strings=()):
-    proto = codec._TensorProto(dtype=dtype_enum, tensor_content=content)
+    proto = tensor_codec._TensorProto(dtype=dtype_enum, tensor_content=content)
     for size in shape:
         proto.tensor_shape.dim.add().size = size
     proto.string_val.extend(strings)
@@ -125,8 +127,8 @@ def _proto(dtype_enum, shape, content=b"", strings=()):
     (_proto(tf.float32.as_datatype_enum, [2], b"\x08\x01\x02"), r"Snappy"),
 ])
 def test_decode_errors(proto, error):
-    with pytest.raises(codec.ChunkDecodeError, match=error):
-        codec.decode_tensor(proto)
+    with pytest.raises(tensor_codec.ChunkDecodeError, match=error):
+        tensor_codec.decode_tensor(proto)
 
 
 
@@ -141,48 +143,48 @@ def test_decode_errors(proto, error):
 def test_decode_errors_once_the_header_is_known(shape, content, error):
     # A valid tensor of the same dtype and shape first: its parsed header is reused for the next ones.
     valid = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
-    np.testing.assert_array_equal(codec.decode_tensor(codec.encode_tensor(valid)), valid)
-    with pytest.raises(codec.ChunkDecodeError, match=error):
-        codec.decode_tensor(_proto(tf.float32.as_datatype_enum, shape, content))
-    np.testing.assert_array_equal(codec.decode_tensor(codec.encode_tensor(valid + 1)), valid + 1)
+    np.testing.assert_array_equal(tensor_codec.decode_tensor(tensor_codec.encode_tensor(valid)), valid)
+    with pytest.raises(tensor_codec.ChunkDecodeError, match=error):
+        tensor_codec.decode_tensor(_proto(tf.float32.as_datatype_enum, shape, content))
+    np.testing.assert_array_equal(tensor_codec.decode_tensor(tensor_codec.encode_tensor(valid + 1)), valid + 1)
 
 
 def test_decode_with_a_known_header_gives_fresh_arrays_and_undoes_deltas_only_when_asked():
     rows = np.array([[1, 2], [4, 8], [9, 16]], np.int64)
-    proto = codec.encode_tensor(rows, delta_encoded=True)  # stored as [[1, 2], [3, 6], [5, 8]]
-    first = codec.decode_tensor(proto, delta_encoded=True)
-    second = codec.decode_tensor(proto, delta_encoded=True)
-    raw = codec.decode_tensor(proto)
+    proto = tensor_codec.encode_tensor(rows, delta_encoded=True)  # stored as [[1, 2], [3, 6], [5, 8]]
+    first = tensor_codec.decode_tensor(proto, delta_encoded=True)
+    second = tensor_codec.decode_tensor(proto, delta_encoded=True)
+    raw = tensor_codec.decode_tensor(proto)
     assert first.tolist() == second.tolist() == rows.tolist()
     assert raw.tolist() == [[1, 2], [3, 6], [5, 8]]
     assert first.dtype == raw.dtype == np.int64 and raw.shape == (3, 2)
     first[0, 0] = 100  # arrays never share memory
     assert second[0, 0] == 1 and raw[0, 0] == 1
-    other = codec.decode_tensor(codec.encode_tensor(np.zeros([3, 2], np.uint8)))  # same shape, other dtype
+    other = tensor_codec.decode_tensor(tensor_codec.encode_tensor(np.zeros([3, 2], np.uint8)))  # same shape, other dtype
     assert other.dtype == np.uint8 and other.tolist() == [[0, 0]] * 3
 
 
 def test_tensor_headers_are_cached_for_valid_numeric_tensors_only():
     shape = (3, 17, 5)  # a header no other test uses
-    proto = codec.encode_tensor(np.arange(255, dtype=np.int16).reshape(shape))
+    proto = tensor_codec.encode_tensor(np.arange(255, dtype=np.int16).reshape(shape))
     key = (proto.dtype, proto.tensor_shape.SerializeToString())
-    codec._HEADERS.pop(key, None)
-    assert codec.tensor_header(proto) == (np.dtype(np.int16), shape)
-    assert codec._HEADERS[key] == (np.dtype(np.int16), shape, 255 * 2, True)  # bytes; delta-decodable
-    assert codec.tensor_header(proto) == (np.dtype(np.int16), shape)  # now read from the cache
-    np.testing.assert_array_equal(codec.decode_tensor(proto), np.arange(255).reshape(shape))
+    tensor_codec._HEADERS.pop(key, None)
+    assert tensor_codec.tensor_header(proto) == (np.dtype(np.int16), shape)
+    assert tensor_codec._HEADERS[key] == (np.dtype(np.int16), shape, 255 * 2, True)  # bytes; delta-decodable
+    assert tensor_codec.tensor_header(proto) == (np.dtype(np.int16), shape)  # now read from the cache
+    np.testing.assert_array_equal(tensor_codec.decode_tensor(proto), np.arange(255).reshape(shape))
     for bad, header in [(_proto(tf.float32.as_datatype_enum, [3, -2], b""), (np.float32, (3, -2))),
                         (_proto(tf.float32.as_datatype_enum, [-3, -2], b""), (np.float32, (-3, -2))),
                         (_proto(tf.float32.as_datatype_enum, [2, 0], b""), (np.float32, (2, 0))),
-                        (codec.encode_tensor(np.array([b"ab"], dtype=object)), (object, (1,)))]:
-        assert codec.tensor_header(bad) == (np.dtype(header[0]), header[1])
-        assert (bad.dtype, bad.tensor_shape.SerializeToString()) not in codec._HEADERS
+                        (tensor_codec.encode_tensor(np.array([b"ab"], dtype=object)), (object, (1,)))]:
+        assert tensor_codec.tensor_header(bad) == (np.dtype(header[0]), header[1])
+        assert (bad.dtype, bad.tensor_shape.SerializeToString()) not in tensor_codec._HEADERS
 
 
 def _chunk_proto(key=5, rows=3, tensors=None, delta=False):
     chunk = chunk_store.Chunk(key, tensors or [np.arange(rows * 2, dtype=np.int32).reshape(rows, 2)],
                               chunk_store.SequenceRange(9, 10, 10 + rows - 1), delta_encoded=delta)
-    return codec.chunk_to_proto(chunk)
+    return chunk_codec.chunk_to_proto(chunk)
 
 
 def test_chunk_round_trip_is_lazy_and_keeps_serialized_form():
@@ -193,10 +195,10 @@ def test_chunk_round_trip_is_lazy_and_keeps_serialized_form():
     assert proto.data_uncompressed_size == 48 + 3 + 48
     assert proto.sequence_range.episode_id == 9 and (proto.sequence_range.start, proto.sequence_range.end) == (10, 12)
     serialized = proto.SerializeToString()
-    chunk, headers = codec.chunk_from_proto(proto, serialized)
+    chunk, headers = chunk_codec.chunk_from_proto(proto, serialized)
     assert headers == [(np.dtype(np.int64), (3, 2)), (np.dtype(object), (3,)), (np.dtype(np.uint8), (3, 4, 4))]
     assert chunk.nbytes() == 0  # nothing decoded yet
-    assert codec.serialized_chunk(chunk) is serialized
+    assert chunk_codec.serialized_chunk(chunk) is serialized
     for got, want in zip(chunk.tensors, tensors):
         np.testing.assert_array_equal(got, want)
 
@@ -204,12 +206,12 @@ def test_chunk_round_trip_is_lazy_and_keeps_serialized_form():
 def test_open_chunk_is_re_encoded_when_it_grows():
     buffer = np.zeros((4, 2), np.float32)
     chunk = chunk_store.Chunk(1, [buffer], chunk_store.SequenceRange(0, 0, 0))
-    first = codec.serialized_chunk(chunk)
-    assert codec.serialized_chunk(chunk) is first
+    first = chunk_codec.serialized_chunk(chunk)
+    assert chunk_codec.serialized_chunk(chunk) is first
     buffer[1] = 7
     chunk.sequence_range = chunk_store.SequenceRange(0, 0, 1)
-    second = schema_pb2.ChunkData.FromString(codec.serialized_chunk(chunk))
-    np.testing.assert_array_equal(codec.decode_chunk_tensors(second)[0], [[0, 0], [7, 7]])
+    second = schema_pb2.ChunkData.FromString(chunk_codec.serialized_chunk(chunk))
+    np.testing.assert_array_equal(chunk_codec.decode_chunk_tensors(second)[0], [[0, 0], [7, 7]])
 
 
 @pytest.mark.parametrize("mutate,error", [
@@ -228,31 +230,31 @@ def test_open_chunk_is_re_encoded_when_it_grows():
 ])
 @pytest.mark.parametrize("given_serialized", [False, True])
 def test_chunk_header_errors(mutate, error, given_serialized):
-    codec.chunk_from_proto(_chunk_proto())  # the valid header is known: received bytes take the fast path
+    chunk_codec.chunk_from_proto(_chunk_proto())  # the valid header is known: received bytes take the fast path
     proto = _chunk_proto()
     mutate(proto)
-    with pytest.raises(codec.ChunkDecodeError, match=error):
-        codec.chunk_from_proto(proto, proto.SerializeToString() if given_serialized else None)
+    with pytest.raises(tensor_codec.ChunkDecodeError, match=error):
+        chunk_codec.chunk_from_proto(proto, proto.SerializeToString() if given_serialized else None)
 
 
 def test_received_chunk_with_known_headers_is_checked_without_copying_contents(monkeypatch):
     tensors = [np.arange(6, dtype=np.int64).reshape(3, 2), np.ones((3, 4, 4), np.uint8)]
     proto = _chunk_proto(tensors=tensors)
-    want = codec.chunk_from_proto(proto)[1]  # (records the headers)
+    want = chunk_codec.chunk_from_proto(proto)[1]  # (records the headers)
     serialized = proto.SerializeToString()
 
     def no_copy(*args):
         raise AssertionError("tensor contents were read through protobuf")
 
-    monkeypatch.setattr(codec, "_check_content_size", no_copy)
-    chunk, headers = codec.chunk_from_proto(proto, serialized)
+    monkeypatch.setattr(chunk_codec, "_check_content_size", no_copy)
+    chunk, headers = chunk_codec.chunk_from_proto(proto, serialized)
     assert headers == want == [(np.dtype(np.int64), (3, 2)), (np.dtype(np.uint8), (3, 4, 4))]
-    assert codec.serialized_chunk(chunk) is serialized
+    assert chunk_codec.serialized_chunk(chunk) is serialized
     np.testing.assert_array_equal(chunk.tensors[1], tensors[1])
     # A chunk this walk leaves to protobuf (a string tensor) is checked there, as before.
     monkeypatch.undo()
     strings = _chunk_proto(tensors=[np.array([b"x", b"y", b"z"], dtype=object)])
-    assert codec.chunk_from_proto(strings, strings.SerializeToString())[1] == [(np.dtype(object), (3,))]
+    assert chunk_codec.chunk_from_proto(strings, strings.SerializeToString())[1] == [(np.dtype(object), (3,))]
 
 
 def test_message_field_ranges_finds_each_repeated_element_in_order():
@@ -281,7 +283,7 @@ def test_deprecated_data_is_read():
     proto = _chunk_proto()
     proto.deprecated_data.extend(proto.data.tensors)
     proto.ClearField("data")
-    np.testing.assert_array_equal(codec.decode_chunk_tensors(proto)[0], np.arange(6).reshape(3, 2))
+    np.testing.assert_array_equal(chunk_codec.decode_chunk_tensors(proto)[0], np.arange(6).reshape(3, 2))
 
 
 def test_item_and_trajectory_round_trip():
@@ -289,10 +291,10 @@ def test_item_and_trajectory_round_trip():
     trajectory = (chunk_store.Column((chunk_store.ChunkSlice(11, 1, 3, 0),), False),
                   chunk_store.Column((chunk_store.ChunkSlice(11, 3, 1, 0),), True))
     item = chunk_store.Item(2**64 - 1, 0.5, trajectory, [chunk], times_sampled=2, inserted_at=1_500_000_000_123)
-    proto = codec.item_to_proto(item, "table")
+    proto = protos.item_to_proto(item, "table")
     assert (proto.key, proto.table, proto.priority, proto.times_sampled) == (2**64 - 1, "table", 0.5, 2)
     assert (proto.inserted_at.seconds, proto.inserted_at.nanos) == (1500, 123)
-    assert codec.trajectory_from_proto(proto.flat_trajectory) == item.trajectory
+    assert protos.trajectory_from_proto(proto.flat_trajectory) == item.trajectory
 
 
 SpecTuple = collections.namedtuple("SpecTuple", ["a", "b"])
@@ -308,10 +310,10 @@ SpecTuple = collections.namedtuple("SpecTuple", ["a", "b"])
 def test_table_info_round_trip(sampler, remover, limiter, signature):
     table = table_lib.Table("t", sampler, remover, 100, limiter, max_times_sampled=3, signature=signature)
     info = table.info
-    proto = codec.table_info_to_proto(info)
+    proto = protos.table_info_to_proto(info)
     assert proto.name == "t" and proto.max_size == 100 and proto.max_times_sampled == 3
     assert proto.HasField("signature") == (signature is not None)
-    back = codec.table_info_from_proto(schema_pb2.TableInfo.FromString(proto.SerializeToString()))
+    back = protos.table_info_from_proto(schema_pb2.TableInfo.FromString(proto.SerializeToString()))
     assert back == info
 
 
@@ -322,9 +324,9 @@ def test_key_distribution_options_proto_fields():
              (selectors.MinHeap(), "heap {\n  min_heap: true\n}\nis_deterministic: true"),
              (selectors.MaxHeap(), "heap {\n}\nis_deterministic: true")]
     for selector, text in cases:
-        proto = codec.key_distribution_options_to_proto(selector.options())
+        proto = protos.key_distribution_options_to_proto(selector.options())
         assert str(proto).strip() == text
-        assert selectors.from_options(codec.key_distribution_options_from_proto(proto)) == selector
+        assert selectors.from_options(protos.key_distribution_options_from_proto(proto)) == selector
 
 
 # --- differential: dm-reverb 0.14 ---
@@ -472,8 +474,8 @@ def _samples_from_raw(responses):
 
 def _unpack(info, chunks):
     """Columns of a sampled item, decoded by our codec (through the core's Item unpacking)."""
-    core_chunks = [codec.chunk_from_proto(proto)[0] for proto in chunks.values()]
-    trajectory = codec.trajectory_from_proto(info.item.flat_trajectory)
+    core_chunks = [chunk_codec.chunk_from_proto(proto)[0] for proto in chunks.values()]
+    trajectory = protos.trajectory_from_proto(info.item.flat_trajectory)
     return chunk_store.Item(info.item.key, info.item.priority, trajectory, core_chunks).column_arrays()
 
 
@@ -488,7 +490,7 @@ def _our_insert_request(columns):
                                         delta_encoded=True))
     request = reverb_service_pb2.InsertStreamRequest()
     for chunk in chunks:
-        request.chunks.append(codec.chunk_to_proto(chunk))
+        request.chunks.append(chunk_codec.chunk_to_proto(chunk))
     expected = []
     for i, start in enumerate(range(0, _T - 2)):
         stop = start + 3
@@ -503,7 +505,7 @@ def _our_insert_request(columns):
         squeezed = chunk_store.ChunkSlice(1001 if start < 5 else 1002, start if start < 5 else start - 5, 1, 0)
         trajectory.append(chunk_store.Column((squeezed,), True))
         item = request.items.add(key=500 + i, table="ours", priority=1.0)
-        codec.trajectory_to_proto(trajectory, item.flat_trajectory)
+        protos.trajectory_to_proto(trajectory, item.flat_trajectory)
         expected.append([columns[n][start:stop] for n in names] + [strings[start:stop], columns[names[0]][start]])
     return request.SerializeToString(), expected
 

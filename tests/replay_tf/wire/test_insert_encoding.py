@@ -1,11 +1,12 @@
-"""The writer's hand-assembled InsertStream bytes (`wire._raw`, `codec.serialized_chunk`) equal what the generated
+"""The writer's hand-assembled InsertStream bytes (`wire._raw`, `chunk_codec.serialized_chunk`) equal what the generated
 protobuf classes serialize for the same chunks and items, field for field and byte for byte."""
 import numpy as np
 import pytest
 
 from replay_tf.core import chunk_store as cs
 from replay_tf.wire import _raw
-from replay_tf.wire import codec
+from replay_tf.wire import chunk_codec
+from replay_tf.wire import protos
 from replay_tf.wire import reverb_service_pb2
 
 
@@ -24,14 +25,14 @@ def test_numeric_chunks_serialize_as_protobuf_does(dtype, shape, delta):
     for key, sequence_range in [(1, cs.SequenceRange(0, 0, shape[0] - 1)),
                                 (2**64 - 1, cs.SequenceRange(2**63 + 5, 7, 6 + shape[0], True))]:
         fast, reference = _chunks(key, [array, second], sequence_range, delta)
-        expected = codec.chunk_to_proto(reference).SerializeToString()
+        expected = chunk_codec.chunk_to_proto(reference).SerializeToString()
         # The insert stream's form: parts that join to the same bytes, nothing cached (a chunk is sent once).
-        assert b"".join(codec.serialized_chunk_parts(fast)) == expected
+        assert b"".join(chunk_codec.serialized_chunk_parts(fast)) == expected
         assert fast.encoded is None
-        assert codec.serialized_chunk(fast) == expected
+        assert chunk_codec.serialized_chunk(fast) == expected
         assert fast.encoded == (sequence_range.end, expected)  # cached for the next send
-        assert codec.serialized_chunk_parts(fast) == [expected]  # a cached form is used as it is
-        np.testing.assert_array_equal(codec._decode_serialized(expected)[0], array)
+        assert chunk_codec.serialized_chunk_parts(fast) == [expected]  # a cached form is used as it is
+        np.testing.assert_array_equal(chunk_codec._decode_serialized(expected)[0], array)
 
 
 def test_fields_cached_across_chunks_do_not_leak_between_them():
@@ -44,17 +45,17 @@ def test_fields_cached_across_chunks_do_not_leak_between_them():
         array = np.zeros((2, 8, 8), np.uint8) if i % 2 else rng.integers(0, 256, (2, 8, 8), dtype=np.uint8)
         key = [0, 1000 + i][i % 2] if i < 4 else 2**64 - i
         fast, reference = _chunks(key, [array], cs.SequenceRange(episode, i, i + 1), False)
-        expected = codec.chunk_to_proto(reference).SerializeToString()
+        expected = chunk_codec.chunk_to_proto(reference).SerializeToString()
         key_field = _raw.key_field(key) if i % 3 else None
-        assert b"".join(codec.serialized_chunk_parts(fast, key_field)) == expected, i
+        assert b"".join(chunk_codec.serialized_chunk_parts(fast, key_field)) == expected, i
 
 
 @pytest.mark.parametrize("strings", [np.array([b"t0", b""], dtype=object), np.array([b"ab", b"c"])])
 def test_string_chunks_take_the_general_path(strings):
     fast, reference = _chunks(3, [np.zeros((2, 2), np.float32), strings], cs.SequenceRange(1, 0, 1), False)
-    expected = codec.chunk_to_proto(reference).SerializeToString()
-    assert codec.serialized_chunk_parts(fast) == [expected]
-    assert codec.serialized_chunk(fast) == expected
+    expected = chunk_codec.chunk_to_proto(reference).SerializeToString()
+    assert chunk_codec.serialized_chunk_parts(fast) == [expected]
+    assert chunk_codec.serialized_chunk(fast) == expected
 
 
 def test_request_items_and_keep_keys_serialize_as_protobuf_does():
@@ -74,7 +75,7 @@ def test_request_items_and_keep_keys_serialize_as_protobuf_does():
                     proto = request.items.add(key=key, table=table, priority=priority)
                     if inserted_at:
                         proto.inserted_at.seconds, proto.inserted_at.nanos = divmod(inserted_at, 10**9)
-                    codec.trajectory_to_proto(item.trajectory, proto.flat_trajectory)
+                    protos.trajectory_to_proto(item.trajectory, proto.flat_trajectory)
                     request.keep_chunk_keys.extend([5, 2**64 - 1, 0])
                     got = (_raw.request_item(key, _raw.table_field(table) if table else b"", item.priority,
                                              inserted_at, _raw.flat_trajectory(item.trajectory))
@@ -116,7 +117,7 @@ def test_resolved_trajectories_serialize_as_the_flat_trajectory():
     for trajectory, chunks in trajectories * 2:
         item = cs.Item(7, 1.0, trajectory, chunks)
         proto = reverb_service_pb2.InsertStreamRequest().items.add()
-        codec.trajectory_to_proto(item.trajectory, proto.flat_trajectory)
+        protos.trajectory_to_proto(item.trajectory, proto.flat_trajectory)
         expected = proto.flat_trajectory.SerializeToString()
         assert _raw.resolved_trajectory(item.resolved_columns, key_fields) == expected, trajectory
         assert _raw.flat_trajectory(item.trajectory) == expected

@@ -21,7 +21,8 @@ import replay_tf as reverb
 from replay_tf import errors
 from replay_tf.grpc import sample_stream
 from replay_tf.wire import _raw
-from replay_tf.wire import codec
+from replay_tf.wire import chunk_codec
+from replay_tf.wire import tensor_codec
 from replay_tf.wire import limits
 from replay_tf.wire import reverb_service_pb2
 from replay_tf.wire import schema_pb2
@@ -47,7 +48,7 @@ def _chunk(key: int, array: np.ndarray) -> bytes:
     """A serialized `ChunkData` of one tensor (rows on dim 0), episode 1, steps from 0."""
     proto = schema_pb2.ChunkData(chunk_key=key)
     proto.sequence_range.episode_id, proto.sequence_range.end = 1, array.shape[0] - 1
-    proto.data.tensors.append(codec.encode_tensor(array))
+    proto.data.tensors.append(tensor_codec.encode_tensor(array))
     return proto.SerializeToString()
 
 
@@ -179,7 +180,7 @@ def test_step_check_needs_every_table_signed():
 
 
 def _zeros_tensor(shape, dtype=np.uint8):
-    return codec.encode_tensor(np.zeros(shape, dtype))
+    return tensor_codec.encode_tensor(np.zeros(shape, dtype))
 
 
 @pytest.mark.parametrize("rows", [1, 2])
@@ -192,7 +193,7 @@ def test_client_refuses_a_sampled_chunk_over_the_limit_before_allocating(monkeyp
     proto.data.tensors.append(_zeros_tensor([rows, step]))
     tracemalloc.start()
     try:
-        with pytest.raises(codec.ChunkTooLargeError,
+        with pytest.raises(tensor_codec.ChunkTooLargeError,
                            match=rf"chunk tensor of dtype uint8 and shape \[{rows}, {step}\] decompresses to "
                                  rf"{rows * step} bytes, over replay_tf.wire.limits.MAX_CHUNK_TENSOR_BYTES "
                                  rf"\({_MIB}\)"):
@@ -206,11 +207,11 @@ def test_client_refuses_a_sampled_chunk_over_the_limit_before_allocating(monkeyp
 def test_client_refuses_a_known_header_over_the_limit(monkeypatch):
     # A header seen (and cached) while it was within the limit is checked again when the limit is lower.
     proto = _zeros_tensor([1, 3 * _MIB + 11])
-    assert codec.decode_tensor(proto).shape == (1, 3 * _MIB + 11)
+    assert tensor_codec.decode_tensor(proto).shape == (1, 3 * _MIB + 11)
     monkeypatch.setattr(limits, "MAX_CHUNK_TENSOR_BYTES", _MIB)
-    assert codec.pending_tensor(proto) is None
-    with pytest.raises(codec.ChunkTooLargeError, match=r"MAX_CHUNK_TENSOR_BYTES \(1048576\)"):
-        codec.decode_tensor(proto)
+    assert tensor_codec.pending_tensor(proto) is None
+    with pytest.raises(tensor_codec.ChunkTooLargeError, match=r"MAX_CHUNK_TENSOR_BYTES \(1048576\)"):
+        tensor_codec.decode_tensor(proto)
 
 
 def test_sampling_client_reports_a_chunk_over_the_limit(monkeypatch):
@@ -476,14 +477,14 @@ def test_checking_chunk_contents_in_many_threads_keeps_a_few_buffers_not_one_per
     from replay_tf.core import chunk_store
     values = np.arange(256 * 1024, dtype=np.float32)  # 1 MiB of content, the most a kept buffer holds
     chunk = chunk_store.Chunk(7, [values], chunk_store.SequenceRange(1, 0, len(values) - 1))
-    serialized = codec.chunk_to_proto(chunk).SerializeToString()
+    serialized = chunk_codec.chunk_to_proto(chunk).SerializeToString()
     num_threads = 48
     checked, done = threading.Barrier(num_threads + 1), threading.Barrier(num_threads + 1)
     errors_seen = []
 
     def check():
         try:
-            codec.chunk_from_proto(schema_pb2.ChunkData.FromString(serialized), serialized, check_content=True)
+            chunk_codec.chunk_from_proto(schema_pb2.ChunkData.FromString(serialized), serialized, check_content=True)
         except Exception as e:  # noqa: BLE001
             errors_seen.append(e)
         checked.wait()

@@ -1,0 +1,148 @@
+"""Conversions between the core's plain Python objects (`replay_tf.core`) and the `deepmind.reverb`
+messages: flat trajectories, items, selector options, rate-limiter info and table info.
+
+Signatures travel as `tensorflow.StructuredValue`, written by `rlds_tf.structure_coder` (public APIs
+only) byte for byte as TF's private `nested_structure_coder` writes them for Reverb.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+from replay_tf.core import chunk_store
+from replay_tf.core import rate_limiters as rate_limiters_lib
+from replay_tf.core import selectors as selectors_lib
+from replay_tf.core import table as table_lib
+from replay_tf.wire import schema_pb2
+from rlds_tf import structure_coder
+
+__all__ = [
+    "decode_signature",
+    "encode_signature",
+    "item_to_proto",
+    "key_distribution_options_from_proto",
+    "key_distribution_options_to_proto",
+    "rate_limiter_info_from_proto",
+    "rate_limiter_info_to_proto",
+    "table_info_from_proto",
+    "table_info_to_proto",
+    "trajectory_from_proto",
+    "trajectory_to_proto",
+]
+
+
+# --- items and trajectories ---
+
+def trajectory_to_proto(trajectory: Sequence[chunk_store.Column], proto: Optional[schema_pb2.FlatTrajectory] = None
+                        ) -> schema_pb2.FlatTrajectory:
+    """A core flat trajectory (tuple of `Column`) as a `FlatTrajectory`."""
+    proto = schema_pb2.FlatTrajectory() if proto is None else proto
+    for column in trajectory:
+        column_proto = proto.columns.add(squeeze=column.squeeze)
+        for s in column.slices:
+            column_proto.chunk_slices.add(chunk_key=s[0], offset=s[1], length=s[2], index=s[3])
+    return proto
+
+
+def trajectory_from_proto(proto: schema_pb2.FlatTrajectory) -> tuple:
+    """A `FlatTrajectory` as a core flat trajectory (tuple of `Column`)."""
+    return tuple(
+        chunk_store.Column(tuple(chunk_store.ChunkSlice(s.chunk_key, s.offset, s.length, s.index)
+                                 for s in column.chunk_slices), column.squeeze)
+        for column in proto.columns)
+
+
+def item_to_proto(item: chunk_store.Item, table: str, *, times_sampled: Optional[int] = None,
+                  priority: Optional[float] = None) -> schema_pb2.PrioritizedItem:
+    """A core item as a `PrioritizedItem` (`inserted_at` from the item's nanosecond clock)."""
+    proto = schema_pb2.PrioritizedItem(
+        key=item.key, table=table, priority=item.priority if priority is None else priority,
+        times_sampled=item.times_sampled if times_sampled is None else times_sampled)
+    if item.inserted_at:
+        proto.inserted_at.seconds, proto.inserted_at.nanos = divmod(int(item.inserted_at), 1_000_000_000)
+    trajectory_to_proto(item.trajectory, proto.flat_trajectory)
+    return proto
+
+
+# --- selectors, rate limiters, table info ---
+
+def key_distribution_options_to_proto(options: Any) -> schema_pb2.KeyDistributionOptions:
+    """A new `KeyDistributionOptions` message equal to `options` (the core's record or such a message)."""
+    if isinstance(options, schema_pb2.KeyDistributionOptions):
+        proto = schema_pb2.KeyDistributionOptions()
+        proto.CopyFrom(options)
+        return proto
+    return options.to_proto()
+
+
+def key_distribution_options_from_proto(proto: schema_pb2.KeyDistributionOptions
+                                        ) -> selectors_lib.KeyDistributionOptions:
+    kind = proto.WhichOneof("distribution")
+    kwargs: dict[str, Any] = {"is_deterministic": proto.is_deterministic}
+    if kind == "prioritized":
+        kwargs["prioritized"] = selectors_lib.PrioritizedOptions(proto.prioritized.priority_exponent)
+    elif kind == "heap":
+        kwargs["heap"] = selectors_lib.HeapOptions(proto.heap.min_heap)
+    elif kind is not None:
+        kwargs[kind] = True
+    return selectors_lib.KeyDistributionOptions(**kwargs)
+
+
+def rate_limiter_info_to_proto(info: Any) -> schema_pb2.RateLimiterInfo:
+    """A new `RateLimiterInfo` message equal to `info` (the core's record or such a message)."""
+    if isinstance(info, schema_pb2.RateLimiterInfo):
+        proto = schema_pb2.RateLimiterInfo()
+        proto.CopyFrom(info)
+        return proto
+    return info.to_proto()
+
+
+def rate_limiter_info_from_proto(proto: schema_pb2.RateLimiterInfo) -> rate_limiters_lib.RateLimiterInfo:
+    return rate_limiters_lib.RateLimiterInfo(
+        samples_per_insert=proto.samples_per_insert, min_diff=proto.min_diff, max_diff=proto.max_diff,
+        min_size_to_sample=proto.min_size_to_sample,
+        insert_stats=rate_limiters_lib.RateLimiterCallStats(proto.insert_stats.completed),
+        sample_stats=rate_limiters_lib.RateLimiterCallStats(proto.sample_stats.completed))
+
+
+def encode_signature(signature: Any):
+    """A nest of `tf.TensorSpec` as the `tensorflow.StructuredValue` Reverb stores in `TableInfo`."""
+    return structure_coder.encode_structure(signature)
+
+
+def decode_signature(proto) -> Any:
+    """The nest of `tf.TensorSpec` of a `StructuredValue` (bounded specs as TF's `BoundedTensorSpec`)."""
+    return structure_coder.decode_structure(proto)
+
+
+def table_info_to_proto(info: table_lib.TableInfo) -> schema_pb2.TableInfo:
+    """A `TableInfo` as the `TableInfo` proto (signature encoded as a `StructuredValue`)."""
+    proto = schema_pb2.TableInfo(name=info.name, max_size=info.max_size, max_times_sampled=info.max_times_sampled,
+                                 current_size=info.current_size, num_episodes=info.num_episodes,
+                                 num_deleted_episodes=info.num_deleted_episodes,
+                                 num_unique_samples=info.num_unique_samples)
+    # TableInfo holds these as messages of this module's types (it converts the core's records).
+    proto.sampler_options.CopyFrom(info.sampler_options)
+    proto.remover_options.CopyFrom(info.remover_options)
+    proto.rate_limiter_info.CopyFrom(info.rate_limiter_info)
+    proto.table_worker_time.CopyFrom(info.table_worker_time)
+    if info.signature is not None:
+        proto.signature.CopyFrom(encode_signature(info.signature))
+    return proto
+
+
+def table_info_from_proto(proto: schema_pb2.TableInfo) -> table_lib.TableInfo:
+    """A `TableInfo` proto as a `TableInfo` (signature decoded to a `tf.TensorSpec` nest; the option and
+    statistics fields are the proto's own sub-messages, as in Reverb's `TableInfo.from_serialized_proto`)."""
+    return table_lib.TableInfo(
+        name=proto.name,
+        sampler_options=proto.sampler_options,
+        remover_options=proto.remover_options,
+        max_size=proto.max_size,
+        max_times_sampled=proto.max_times_sampled,
+        rate_limiter_info=proto.rate_limiter_info,
+        signature=decode_signature(proto.signature) if proto.HasField("signature") else None,
+        current_size=proto.current_size,
+        num_episodes=proto.num_episodes,
+        num_deleted_episodes=proto.num_deleted_episodes,
+        num_unique_samples=proto.num_unique_samples,
+        table_worker_time=proto.table_worker_time)

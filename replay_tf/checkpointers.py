@@ -1,4 +1,4 @@
-"""Reverb's `reverb.checkpointers` namespace, over `replay_tf.core.checkpointing.DirectoryCheckpointer`.
+"""Reverb's `reverb.checkpointers` namespace, over `replay_tf.checkpointing.DirectoryCheckpointer`.
 
 Pass one as `Server(tables, checkpointer=...)`: the server restores the newest checkpoint when it starts,
 and `Client.checkpoint()` (or `Server.checkpoint()`) writes a new one and returns its path.
@@ -13,7 +13,7 @@ Differences from Reverb:
     methods can be a checkpointer, and `DirectoryCheckpointer` (so every checkpointer here) is one.
   - The files are this package's own record files, not Reverb's ZLIB TFRecords: the two cannot read each
     other's checkpoints (the records inside are the same `PriorityTableCheckpoint`, `PrioritizedItem` and
-    `ChunkData` messages). See `replay_tf.core.checkpointing` for the layout and for how tables restored
+    `ChunkData` messages). See `replay_tf.checkpointing` for the layout and for how tables restored
     under changed settings behave.
 
 >>> import tempfile, replay_tf as reverb
@@ -35,7 +35,7 @@ import abc
 import tempfile
 from typing import Optional
 
-from replay_tf.core.checkpointing import DirectoryCheckpointer
+from replay_tf.checkpointing import DirectoryCheckpointer
 
 __all__ = [
     "CheckpointerBase",

@@ -234,7 +234,7 @@ class StatsReporter:
 
 def serve(args: argparse.Namespace) -> int:
     from replay_tf import Server  # noqa: PLC0415  (imports TF: after argument parsing)
-    from replay_tf.core.checkpointing import DirectoryCheckpointer  # noqa: PLC0415
+    from replay_tf.checkpointing import DirectoryCheckpointer  # noqa: PLC0415
 
     try:
         config = load_config(args.config)

@@ -19,7 +19,7 @@ import tensorflow as tf
 
 import replay_tf as reverb
 from replay_tf import cli
-from replay_tf.core import checkpointing
+from replay_tf import checkpointing
 from replay_tf.core import chunk_store
 from replay_tf.wire import chunk_codec
 from replay_tf.wire import tensor_codec

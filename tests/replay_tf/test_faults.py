@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 
 import replay_tf as reverb
-from replay_tf.core import checkpointing
+from replay_tf import checkpointing
 
 from proc_testlib import Proc, remote_client
 

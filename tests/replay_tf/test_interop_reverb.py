@@ -18,7 +18,7 @@ import tensorflow as tf
 
 import replay_tf as reverb
 from replay_tf import client as client_lib
-from replay_tf.core import checkpointing
+from replay_tf import checkpointing
 
 pytestmark = pytest.mark.peer
 

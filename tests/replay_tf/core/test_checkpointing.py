@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 import replay_tf as reverb
-from replay_tf.core import checkpointing
+from replay_tf import checkpointing
 
 
 def _server(root, tables=None, **kwargs):

@@ -38,7 +38,7 @@ from replay_tf.server import Server
 from replay_tf.sharded import ShardedClient
 from replay_tf.tf_client import TFClient
 from replay_tf.timestep_dataset import TimestepDataset
-from replay_tf.core.table import Table
+from replay_tf.table import Table
 from replay_tf.trajectory_dataset import ReplaySample
 from replay_tf.trajectory_dataset import SampleInfo
 from replay_tf.trajectory_dataset import TrajectoryDataset

@@ -1,7 +1,7 @@
 """Reverb's `reverb.reverb_types`: the selector types, `SelectorType`, `SpecNest` and `TableInfo`.
 
 The selectors and `TableInfo` are this package's own objects (`replay_tf.selectors`,
-`replay_tf.core.TableInfo`). Reverb's `Heap(min_heap)` is its C++ heap selector; here it returns a
+`replay_tf.wire.table_info.TableInfo`). Reverb's `Heap(min_heap)` is its C++ heap selector; here it returns a
 `MinHeap()` or a `MaxHeap()`.
 
 >>> from replay_tf import reverb_types
@@ -18,7 +18,7 @@ from replay_tf.core.selectors import MaxHeap
 from replay_tf.core.selectors import MinHeap
 from replay_tf.core.selectors import Prioritized
 from replay_tf.core.selectors import Uniform
-from replay_tf.core.table import TableInfo
+from replay_tf.wire.table_info import TableInfo
 
 __all__ = [
     "Fifo",

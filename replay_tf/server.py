@@ -24,7 +24,7 @@ from replay_tf import _addresses
 from replay_tf import errors
 from replay_tf.core.chunk_store import ChunkStore
 from replay_tf.core.chunk_store import new_key_bits
-from replay_tf.core.table import Table
+from replay_tf.table import Table
 from replay_tf.core.table import TableExtensionBase  # noqa: F401  (Reverb's `reverb.server.TableExtensionBase`)
 
 _registry_lock = threading.Lock()

@@ -114,7 +114,7 @@ def test_submodule_attribute_and_from_import():
         import replay_tf
         from replay_tf import errors
         errors_alone = "replay_tf._exports" not in sys.modules
-        table = replay_tf.core.table.Table
+        table = replay_tf.table.Table
         import replay_tf as reverb
         print(json.dumps({"errors_alone": errors_alone, "table": table is reverb.Table,
                           "server": reverb.Server.__name__, "structured": reverb.structured is reverb.structured_writer}))

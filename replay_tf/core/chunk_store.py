@@ -83,7 +83,7 @@ class Chunk:
 
     `tensors` are numpy arrays with the steps on dim 0. A chunk built by an in-process writer may still be
     *open*: rows are appended (never rewritten) and `sequence_range.end` grows; items only ever refer to
-    rows that were written before they were created. The wire layer may build a chunk from its encoded form
+    rows that were written before they were created. A transport may build a chunk from its encoded form
     (`encoded`, e.g. `ChunkData` proto bytes, plus a `decoder`), decoded on first access of `tensors`; it
     may also cache the encoded form of a decoded chunk in `encoded` to send it again without re-encoding,
     and what it found reading `encoded` in `encoded_views` (e.g. where each tensor's content lies).

@@ -35,15 +35,6 @@ class RateLimiterInfo:
     insert_stats: RateLimiterCallStats = RateLimiterCallStats()
     sample_stats: RateLimiterCallStats = RateLimiterCallStats()
 
-    def to_proto(self):
-        """This info as the `deepmind.reverb.RateLimiterInfo` message `TableInfo.rate_limiter_info` holds."""
-        from replay_tf.wire import schema_pb2  # noqa: PLC0415  (protos load TF; the core's state does not)
-        proto = schema_pb2.RateLimiterInfo(samples_per_insert=self.samples_per_insert, min_diff=self.min_diff,
-                                           max_diff=self.max_diff, min_size_to_sample=self.min_size_to_sample)
-        proto.insert_stats.completed = self.insert_stats.completed
-        proto.sample_stats.completed = self.sample_stats.completed
-        return proto
-
 
 class RateLimiter:
     """Base rate limiter: `(samples_per_insert, min_size_to_sample, min_diff, max_diff)`."""

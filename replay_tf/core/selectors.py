@@ -50,19 +50,6 @@ class KeyDistributionOptions:
                 return field
         return None
 
-    def to_proto(self):
-        """These options as the `deepmind.reverb.KeyDistributionOptions` message `TableInfo` holds."""
-        from replay_tf.wire import schema_pb2  # noqa: PLC0415  (protos load TF; selector configs do not)
-        proto = schema_pb2.KeyDistributionOptions(is_deterministic=self.is_deterministic)
-        kind = self.WhichOneof("distribution")
-        if kind == "prioritized":
-            proto.prioritized.priority_exponent = self.prioritized.priority_exponent
-        elif kind == "heap":
-            proto.heap.min_heap = self.heap.min_heap
-        elif kind is not None:
-            setattr(proto, kind, True)
-        return proto
-
 
 class _Selector:
     """Base class of the selector configs."""
@@ -164,7 +151,7 @@ class MinHeap(_Selector):
 
 
 def from_options(options: KeyDistributionOptions) -> _Selector:
-    """The selector config described by `options` (for the wire layer and checkpoints)."""
+    """The selector config described by `options` (for transports and checkpoints)."""
     kind = options.WhichOneof("distribution")
     if kind == "uniform":
         return Uniform()

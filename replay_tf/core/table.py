@@ -39,78 +39,28 @@ class TableWorkerTime:
     waiting_for_sampling_ms: int = 0
     waiting_for_inserts_ms: int = 0
 
-    def to_proto(self):
-        """These times as the `deepmind.reverb.TableWorkerTime` message `TableInfo.table_worker_time` holds."""
-        return _schema_pb2().TableWorkerTime(**dataclasses.asdict(self))
-
-
-def _schema_pb2():
-    from replay_tf.wire import schema_pb2  # noqa: PLC0415  (protos load TF; the table's state does not)
-    return schema_pb2
-
-
-def _as_message(value: Any, message_name: str) -> Any:
-    """`value` as the `deepmind.reverb.<message_name>` message: a message of that type is kept (not copied);
-    one of the core's option/info records (anything with `to_proto()`) is converted."""
-    message_class = getattr(_schema_pb2(), message_name)
-    if isinstance(value, message_class):
-        return value
-    if hasattr(value, "to_proto"):
-        return value.to_proto()
-    raise TypeError(f"TableInfo needs a deepmind.reverb.{message_name} message, got {value!r} "
-                    f"({type(value).__name__}); pass the message (or the core's record with to_proto())")
-
 
 @dataclasses.dataclass
-class TableInfo:
-    """Reverb's `TableInfo`: configuration and state of a table.
+class TableStatus:
+    """Configuration and state of a table, as the core's plain records (a snapshot).
 
-    As in Reverb, `signature` is a nest of `tf.TensorSpec` (or None) and the option and statistics fields
-    are the protobuf messages themselves, with the whole message API (`HasField`, `WhichOneof`, `CopyFrom`,
-    `SerializeToString`, equality with other messages): `sampler_options` and `remover_options` are
-    `KeyDistributionOptions`, `rate_limiter_info` a `RateLimiterInfo` and `table_worker_time` a
-    `TableWorkerTime` message of `replay_tf.wire.schema_pb2` (wire-compatible with `reverb.cc.schema_pb2`).
-    The constructor also accepts the core's records for them (`KeyDistributionOptions`, `RateLimiterInfo`,
-    `TableWorkerTime` dataclasses) and converts them.
-
-    >>> import replay_tf as reverb
-    >>> info = reverb.Table.queue('q', 10).info
-    >>> info.sampler_options.WhichOneof('distribution'), info.rate_limiter_info.HasField('insert_stats')
-    ('fifo', True)
+    Reverb's `TableInfo` (`replay_tf.reverb_types`) carries the same fields as protobuf messages:
+    `sampler_options` and `remover_options` are `selectors.KeyDistributionOptions`, `rate_limiter_info` a
+    `rate_limiters.RateLimiterInfo`, `table_worker_time` a `TableWorkerTime`, and `signature` a nest of
+    `tf.TensorSpec` (or None).
     """
     name: str
-    sampler_options: Any
-    remover_options: Any
+    sampler_options: selectors_lib.KeyDistributionOptions
+    remover_options: selectors_lib.KeyDistributionOptions
     max_size: int
     max_times_sampled: int
-    rate_limiter_info: Any
+    rate_limiter_info: rate_limiters_lib.RateLimiterInfo
     signature: Any
     current_size: int
     num_episodes: int
     num_deleted_episodes: int
     num_unique_samples: int
-    table_worker_time: Any = dataclasses.field(default_factory=lambda: _schema_pb2().TableWorkerTime())
-
-    def __post_init__(self):
-        self.sampler_options = _as_message(self.sampler_options, "KeyDistributionOptions")
-        self.remover_options = _as_message(self.remover_options, "KeyDistributionOptions")
-        self.rate_limiter_info = _as_message(self.rate_limiter_info, "RateLimiterInfo")
-        self.table_worker_time = _as_message(self.table_worker_time, "TableWorkerTime")
-
-    @classmethod
-    def from_serialized_proto(cls, proto_string: bytes) -> "TableInfo":
-        """The `TableInfo` of a serialized `deepmind.reverb.TableInfo` proto (as Reverb's alternate constructor).
-
-        Raises:
-          ValueError: If `proto_string` is not a serialized `TableInfo`.
-        """
-        from replay_tf.wire import protos  # noqa: PLC0415  (the core does not depend on the wire format)
-        from google.protobuf import message  # noqa: PLC0415
-        try:
-            proto = _schema_pb2().TableInfo.FromString(proto_string)
-        except (message.DecodeError, TypeError) as e:
-            raise ValueError(f"not a serialized deepmind.reverb.TableInfo ({len(proto_string)} bytes): {e}") from None
-        return protos.table_info_from_proto(proto)
+    table_worker_time: TableWorkerTime = TableWorkerTime()
 
 
 class SampledItem(NamedTuple):
@@ -139,7 +89,7 @@ def _deadline(timeout_ms: Optional[float]) -> Optional[float]:
 
 
 class Table:
-    """A replay table (Reverb's `reverb.Table`).
+    """A replay table with Reverb's semantics (`replay_tf.Table` adds Reverb's `info` of protobuf messages).
 
     Args:
       name: Non-empty table name.
@@ -153,7 +103,7 @@ class Table:
 
     >>> from replay_tf.core import selectors, rate_limiters
     >>> table = Table('t', selectors.Uniform(), selectors.Fifo(), 10, rate_limiters.MinSize(1))
-    >>> table.info.current_size
+    >>> table.status.current_size
     0
     """
 
@@ -221,11 +171,11 @@ class Table:
                 max_times_sampled=None, extensions=None, signature=None) -> "Table":
         """A new empty table with this one's settings except those given."""
         pick = lambda new, old: old if new is None else new  # noqa: E731
-        return Table(name=pick(name, self._name), sampler=pick(sampler, self._sampler_config),
-                     remover=pick(remover, self._remover_config), max_size=pick(max_size, self._max_size),
-                     rate_limiter=pick(rate_limiter, self._rate_limiter_config),
-                     max_times_sampled=pick(max_times_sampled, self._max_times_sampled),
-                     extensions=pick(extensions, self._extensions), signature=pick(signature, self._signature))
+        return type(self)(name=pick(name, self._name), sampler=pick(sampler, self._sampler_config),
+                           remover=pick(remover, self._remover_config), max_size=pick(max_size, self._max_size),
+                           rate_limiter=pick(rate_limiter, self._rate_limiter_config),
+                           max_times_sampled=pick(max_times_sampled, self._max_times_sampled),
+                           extensions=pick(extensions, self._extensions), signature=pick(signature, self._signature))
 
     # --- properties ---
 
@@ -250,10 +200,10 @@ class Table:
         return self._closed
 
     @property
-    def info(self) -> TableInfo:
-        """The table's `TableInfo` (a snapshot)."""
+    def status(self) -> TableStatus:
+        """The table's configuration and state (a snapshot)."""
         with self._lock:
-            return TableInfo(
+            return TableStatus(
                 name=self._name,
                 sampler_options=self._sampler_config.options(),
                 remover_options=self._remover_config.options(),

@@ -43,7 +43,7 @@ from replay_tf import errors
 from replay_tf.grpc import common
 from replay_tf.grpc import insert_stream
 from replay_tf.grpc import sample_stream
-from replay_tf.wire import protos
+from replay_tf.wire import table_info
 from replay_tf.wire import reverb_service_pb2
 
 translate_error = common.translate_error
@@ -236,7 +236,7 @@ class Transport:
             raise errors.DeadlineExceededError(
                 f"ServerInfo call did not complete within provided timeout of {timeout_s}s"
                 f"{self._not_connected_hint()}") from e
-        return {info.name: protos.table_info_from_proto(info) for info in response.table_info}
+        return {info.name: table_info.table_info_from_proto(info) for info in response.table_info}
 
     def checkpoint(self) -> str:
         return self._call("Checkpoint", reverb_service_pb2.CheckpointRequest(),

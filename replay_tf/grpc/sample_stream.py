@@ -212,8 +212,8 @@ class SampleStream:
             return batch
 
     @staticmethod
-    def _chunk(proto: schema_pb2.ChunkData, cache, decode=tensor_codec.decode_tensor, pending=tensor_codec.pending_tensor
-               ) -> tuple:
+    def _chunk(proto: schema_pb2.ChunkData, cache, decode=tensor_codec.decode_tensor,
+               pending=tensor_codec.pending_tensor) -> tuple:
         """`(chunk, rows, tensors, nbytes)` for `proto`: its chunk, its number of rows and of tensors (for the
         bounds checks of `_sampled_item`) and its decoded bytes (what the cache counts).
 

@@ -25,6 +25,7 @@ from replay_tf.grpc import sampling
 from replay_tf.grpc import statuses
 from replay_tf.wire import _raw
 from replay_tf.wire import protos
+from replay_tf.wire import table_info
 from replay_tf.wire import limits
 from replay_tf.wire import reverb_service_pb2
 from replay_tf.wire import schema_pb2
@@ -44,7 +45,7 @@ class TableEntry:
 
     def info_proto(self) -> schema_pb2.TableInfo:
         info = self.table.info
-        proto = protos.table_info_to_proto(dataclasses.replace(info, signature=None))
+        proto = table_info.table_info_to_proto(dataclasses.replace(info, signature=None))
         if info.signature is not None:
             if self._signature_proto is None:
                 self._signature_proto = protos.encode_signature(info.signature)

@@ -22,7 +22,7 @@ from typing import Sequence
 from replay_tf import rate_limiters
 from replay_tf import reverb_types
 from replay_tf import selectors
-from replay_tf.core.table import Table
+from replay_tf.table import Table
 from replay_tf.wire import checkpoint_pb2
 from replay_tf.wire import schema_pb2
 

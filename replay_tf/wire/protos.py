@@ -1,17 +1,18 @@
 """Conversions between the core's plain Python objects (`replay_tf.core`) and the `deepmind.reverb`
-messages: flat trajectories, items, selector options, rate-limiter info and table info.
+messages: flat trajectories, items, selector options, rate-limiter info, worker times and signatures
+(`table_info` assembles Reverb's `TableInfo` from them).
 
 Signatures travel as `tensorflow.StructuredValue`, written by `rlds_tf.structure_coder` (public APIs
 only) byte for byte as TF's private `nested_structure_coder` writes them for Reverb.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Optional, Sequence
 
 from replay_tf.core import chunk_store
 from replay_tf.core import rate_limiters as rate_limiters_lib
 from replay_tf.core import selectors as selectors_lib
-from replay_tf.core import table as table_lib
 from replay_tf.wire import schema_pb2
 from rlds_tf import structure_coder
 
@@ -23,8 +24,7 @@ __all__ = [
     "key_distribution_options_to_proto",
     "rate_limiter_info_from_proto",
     "rate_limiter_info_to_proto",
-    "table_info_from_proto",
-    "table_info_to_proto",
+    "table_worker_time_to_proto",
     "trajectory_from_proto",
     "trajectory_to_proto",
 ]
@@ -63,15 +63,23 @@ def item_to_proto(item: chunk_store.Item, table: str, *, times_sampled: Optional
     return proto
 
 
-# --- selectors, rate limiters, table info ---
+# --- selectors, rate limiters, worker time, signatures ---
 
 def key_distribution_options_to_proto(options: Any) -> schema_pb2.KeyDistributionOptions:
     """A new `KeyDistributionOptions` message equal to `options` (the core's record or such a message)."""
+    proto = schema_pb2.KeyDistributionOptions()
     if isinstance(options, schema_pb2.KeyDistributionOptions):
-        proto = schema_pb2.KeyDistributionOptions()
         proto.CopyFrom(options)
         return proto
-    return options.to_proto()
+    proto.is_deterministic = options.is_deterministic
+    kind = options.WhichOneof("distribution")
+    if kind == "prioritized":
+        proto.prioritized.priority_exponent = options.prioritized.priority_exponent
+    elif kind == "heap":
+        proto.heap.min_heap = options.heap.min_heap
+    elif kind is not None:
+        setattr(proto, kind, True)
+    return proto
 
 
 def key_distribution_options_from_proto(proto: schema_pb2.KeyDistributionOptions
@@ -89,11 +97,17 @@ def key_distribution_options_from_proto(proto: schema_pb2.KeyDistributionOptions
 
 def rate_limiter_info_to_proto(info: Any) -> schema_pb2.RateLimiterInfo:
     """A new `RateLimiterInfo` message equal to `info` (the core's record or such a message)."""
+    proto = schema_pb2.RateLimiterInfo()
     if isinstance(info, schema_pb2.RateLimiterInfo):
-        proto = schema_pb2.RateLimiterInfo()
         proto.CopyFrom(info)
         return proto
-    return info.to_proto()
+    proto.samples_per_insert = info.samples_per_insert
+    proto.min_diff = info.min_diff
+    proto.max_diff = info.max_diff
+    proto.min_size_to_sample = info.min_size_to_sample
+    proto.insert_stats.completed = info.insert_stats.completed
+    proto.sample_stats.completed = info.sample_stats.completed
+    return proto
 
 
 def rate_limiter_info_from_proto(proto: schema_pb2.RateLimiterInfo) -> rate_limiters_lib.RateLimiterInfo:
@@ -104,6 +118,17 @@ def rate_limiter_info_from_proto(proto: schema_pb2.RateLimiterInfo) -> rate_limi
         sample_stats=rate_limiters_lib.RateLimiterCallStats(proto.sample_stats.completed))
 
 
+def table_worker_time_to_proto(times: Any) -> schema_pb2.TableWorkerTime:
+    """A new `TableWorkerTime` message equal to `times` (the core's record or such a message)."""
+    proto = schema_pb2.TableWorkerTime()
+    if isinstance(times, schema_pb2.TableWorkerTime):
+        proto.CopyFrom(times)
+        return proto
+    for field in dataclasses.fields(times):
+        setattr(proto, field.name, getattr(times, field.name))
+    return proto
+
+
 def encode_signature(signature: Any):
     """A nest of `tf.TensorSpec` as the `tensorflow.StructuredValue` Reverb stores in `TableInfo`."""
     return structure_coder.encode_structure(signature)
@@ -112,37 +137,3 @@ def encode_signature(signature: Any):
 def decode_signature(proto) -> Any:
     """The nest of `tf.TensorSpec` of a `StructuredValue` (bounded specs as TF's `BoundedTensorSpec`)."""
     return structure_coder.decode_structure(proto)
-
-
-def table_info_to_proto(info: table_lib.TableInfo) -> schema_pb2.TableInfo:
-    """A `TableInfo` as the `TableInfo` proto (signature encoded as a `StructuredValue`)."""
-    proto = schema_pb2.TableInfo(name=info.name, max_size=info.max_size, max_times_sampled=info.max_times_sampled,
-                                 current_size=info.current_size, num_episodes=info.num_episodes,
-                                 num_deleted_episodes=info.num_deleted_episodes,
-                                 num_unique_samples=info.num_unique_samples)
-    # TableInfo holds these as messages of this module's types (it converts the core's records).
-    proto.sampler_options.CopyFrom(info.sampler_options)
-    proto.remover_options.CopyFrom(info.remover_options)
-    proto.rate_limiter_info.CopyFrom(info.rate_limiter_info)
-    proto.table_worker_time.CopyFrom(info.table_worker_time)
-    if info.signature is not None:
-        proto.signature.CopyFrom(encode_signature(info.signature))
-    return proto
-
-
-def table_info_from_proto(proto: schema_pb2.TableInfo) -> table_lib.TableInfo:
-    """A `TableInfo` proto as a `TableInfo` (signature decoded to a `tf.TensorSpec` nest; the option and
-    statistics fields are the proto's own sub-messages, as in Reverb's `TableInfo.from_serialized_proto`)."""
-    return table_lib.TableInfo(
-        name=proto.name,
-        sampler_options=proto.sampler_options,
-        remover_options=proto.remover_options,
-        max_size=proto.max_size,
-        max_times_sampled=proto.max_times_sampled,
-        rate_limiter_info=proto.rate_limiter_info,
-        signature=decode_signature(proto.signature) if proto.HasField("signature") else None,
-        current_size=proto.current_size,
-        num_episodes=proto.num_episodes,
-        num_deleted_episodes=proto.num_deleted_episodes,
-        num_unique_samples=proto.num_unique_samples,
-        table_worker_time=proto.table_worker_time)

@@ -26,6 +26,7 @@ from replay_tf.server_executable import server_from_proto
 from replay_tf.server_executable import server_main
 from replay_tf.wire import checkpoint_pb2
 from replay_tf.wire import schema_pb2
+from replay_tf.wire import table_info
 from rlds_tf import transformations
 
 # --- scenarios run by dm-reverb (peer venv) and by replay_tf: the emitted values must be equal ---
@@ -388,7 +389,7 @@ def test_table_info_fields_are_messages():
 
 
 def test_table_info_converts_core_records_and_refuses_others():
-    info = core_table.TableInfo(
+    info = table_info.TableInfo(
         name="t", sampler_options=core_selectors.KeyDistributionOptions(uniform=True),
         remover_options=core_selectors.KeyDistributionOptions(heap=core_selectors.HeapOptions(min_heap=True),
                                                               is_deterministic=True),
@@ -402,17 +403,15 @@ def test_table_info_converts_core_records_and_refuses_others():
     assert (info.rate_limiter_info.min_diff, info.rate_limiter_info.insert_stats.completed) == (-2.0, 4)
     assert info.table_worker_time == schema_pb2.TableWorkerTime(running_ms=5)
     with pytest.raises(TypeError, match=r"TableInfo needs a deepmind.reverb.KeyDistributionOptions message, got 'x'"):
-        core_table.TableInfo("t", "x", info.remover_options, 1, 0, info.rate_limiter_info, None, 0, 0, 0, 0)
+        table_info.TableInfo("t", "x", info.remover_options, 1, 0, info.rate_limiter_info, None, 0, 0, 0, 0)
 
 
 def test_table_info_round_trips_through_the_proto():
-    from replay_tf.wire import protos
-
     table = reverb.Table("t", reverb.selectors.MaxHeap(), reverb.selectors.Lifo(), 4,
                          reverb.rate_limiters.SampleToInsertRatio(1.5, 2, 3.0),
                          signature={"a": tf.TensorSpec([2], tf.float32, name="a")})
     info = table.info
-    back = reverb.reverb_types.TableInfo.from_serialized_proto(protos.table_info_to_proto(info).SerializeToString())
+    back = reverb.reverb_types.TableInfo.from_serialized_proto(table_info.table_info_to_proto(info).SerializeToString())
     assert back == info
 
 

@@ -82,7 +82,7 @@ def test_modules_re_export_the_package_objects():
     assert replay_tf.replay_sample.ReplaySample is reverb.ReplaySample
     assert replay_tf.replay_sample.SampleInfo is reverb.SampleInfo
     assert all(getattr(item_selectors, name) is getattr(reverb.selectors, name) for name in item_selectors.__all__)
-    assert replay_tf.reverb_types.TableInfo is reverb.core.TableInfo
+    assert replay_tf.reverb_types.TableInfo is importlib.import_module("replay_tf.wire.table_info").TableInfo
     assert replay_tf.reverb_types.Heap(True) == reverb.selectors.MinHeap()
     assert replay_tf.reverb_types.Heap(False) == reverb.selectors.MaxHeap()
     assert replay_tf.server.TableExtensionBase is importlib.import_module("replay_tf.core.table").TableExtensionBase

@@ -15,6 +15,7 @@ from replay_tf.core import table as table_lib
 from replay_tf.wire import _raw
 from replay_tf.wire import chunk_codec
 from replay_tf.wire import protos
+from replay_tf.wire import table_info
 from replay_tf.wire import tensor_codec
 from replay_tf.wire import reverb_service_pb2
 from replay_tf.wire import schema_pb2
@@ -66,7 +67,8 @@ def test_round_trip(dtype, shape, delta_encoded):
     proto = tensor_codec.encode_tensor(array, delta_encoded=delta_encoded)
     assert proto.dtype == tf.as_dtype(np.dtype(dtype)).as_datatype_enum
     assert [d.size for d in proto.tensor_shape.dim] == list(shape)
-    out = tensor_codec.decode_tensor(tensor_codec.encode_tensor(array, delta_encoded=delta_encoded), delta_encoded=delta_encoded)
+    out = tensor_codec.decode_tensor(tensor_codec.encode_tensor(array, delta_encoded=delta_encoded),
+                                     delta_encoded=delta_encoded)
     assert out.dtype == array.dtype and out.shape == array.shape
     np.testing.assert_array_equal(out, array)
 
@@ -160,7 +162,8 @@ def test_decode_with_a_known_header_gives_fresh_arrays_and_undoes_deltas_only_wh
     assert first.dtype == raw.dtype == np.int64 and raw.shape == (3, 2)
     first[0, 0] = 100  # arrays never share memory
     assert second[0, 0] == 1 and raw[0, 0] == 1
-    other = tensor_codec.decode_tensor(tensor_codec.encode_tensor(np.zeros([3, 2], np.uint8)))  # same shape, other dtype
+    # Same shape, other dtype.
+    other = tensor_codec.decode_tensor(tensor_codec.encode_tensor(np.zeros([3, 2], np.uint8)))
     assert other.dtype == np.uint8 and other.tolist() == [[0, 0]] * 3
 
 
@@ -309,11 +312,11 @@ SpecTuple = collections.namedtuple("SpecTuple", ["a", "b"])
 ])
 def test_table_info_round_trip(sampler, remover, limiter, signature):
     table = table_lib.Table("t", sampler, remover, 100, limiter, max_times_sampled=3, signature=signature)
-    info = table.info
-    proto = protos.table_info_to_proto(info)
+    info = table_info.TableInfo.from_status(table.status)
+    proto = table_info.table_info_to_proto(info)
     assert proto.name == "t" and proto.max_size == 100 and proto.max_times_sampled == 3
     assert proto.HasField("signature") == (signature is not None)
-    back = protos.table_info_from_proto(schema_pb2.TableInfo.FromString(proto.SerializeToString()))
+    back = table_info.table_info_from_proto(schema_pb2.TableInfo.FromString(proto.SerializeToString()))
     assert back == info
 
 

@@ -51,7 +51,14 @@ import threading
 import zlib
 from typing import Iterator, NamedTuple, Optional
 
+from google.protobuf import message
+
 from replay_tf.core import chunk_store as chunk_store_lib
+from replay_tf.wire import checkpoint_pb2
+from replay_tf.wire import chunk_codec
+from replay_tf.wire import protos
+from replay_tf.wire import schema_pb2
+from replay_tf.wire import tensor_codec
 
 __all__ = ["DirectoryCheckpointer"]
 
@@ -173,10 +180,6 @@ class DirectoryCheckpointer:
             return self._save(server)
 
     def _save(self, server) -> str:
-        from replay_tf.wire import checkpoint_pb2  # noqa: PLC0415  (protos load TF; only needed here)
-        from replay_tf.wire import chunk_codec  # noqa: PLC0415
-        from replay_tf.wire import protos  # noqa: PLC0415
-
         now = datetime.datetime.now(datetime.timezone.utc)
         name = now.strftime("%Y%m%dT%H%M%S.%fZ")
         final = os.path.join(self.root, name)
@@ -274,9 +277,6 @@ class DirectoryCheckpointer:
           CheckpointError: naming the first record that is malformed or breaks a rule of the insert path.
           ValueError: If the checkpoint has a table the server lacks.
         """
-        from replay_tf.wire import checkpoint_pb2  # noqa: PLC0415
-        from replay_tf.wire import schema_pb2  # noqa: PLC0415
-
         if not os.path.isfile(os.path.join(path, _DONE_FILE)):
             raise CheckpointError(f"{path} is not a complete checkpoint (no {_DONE_FILE} file)")
         tables = server.tables
@@ -291,7 +291,7 @@ class DirectoryCheckpointer:
         if unknown:
             raise ValueError(f"checkpoint {path} has tables {unknown} that the server does not have "
                              f"(it has {sorted(tables)}); table names must match to restore")
-        chunks, bad_chunks = _load_chunks(path, schema_pb2)
+        chunks, bad_chunks = _load_chunks(path)
         items: dict = {name: {} for name in checkpoints}
         dropped = []
         for index, record in enumerate(_read_records(os.path.join(path, _ITEMS_FILE))):
@@ -323,8 +323,6 @@ class DirectoryCheckpointer:
 
 
 def _parse(message_class, record: bytes, path: str, file_name: str, index: int):
-    from google.protobuf import message  # noqa: PLC0415
-
     try:
         return message_class.FromString(record)
     except (message.DecodeError, ValueError) as e:
@@ -332,11 +330,8 @@ def _parse(message_class, record: bytes, path: str, file_name: str, index: int):
                               f"{message_class.DESCRIPTOR.name}: {e}") from None
 
 
-def _load_chunks(path: str, schema_pb2) -> tuple:
+def _load_chunks(path: str) -> tuple:
     """`({key: (chunk, headers)}, {key: why it cannot be decoded})` of a checkpoint's chunk records."""
-    from replay_tf.wire import chunk_codec  # noqa: PLC0415
-    from replay_tf.wire import tensor_codec  # noqa: PLC0415
-
     chunks, bad = {}, {}
     for index, record in enumerate(_read_records(os.path.join(path, _CHUNKS_FILE))):
         proto = _parse(schema_pb2.ChunkData, record, path, _CHUNKS_FILE, index)
@@ -354,8 +349,6 @@ def _load_chunks(path: str, schema_pb2) -> tuple:
 def _restored_item(proto, table, chunks: dict, bad_chunks: dict, where: str):
     """The core item of a checkpoint record, checked as the insert stream checks items (chunk headers, not
     their data); a `DroppedItem` when it uses a chunk that cannot be decoded; CheckpointError otherwise."""
-    from replay_tf.wire import protos  # noqa: PLC0415
-
     trajectory = protos.trajectory_from_proto(proto.flat_trajectory)
     keys = {s.chunk_key for column in trajectory for s in column.slices}
     poisoned = sorted(keys & bad_chunks.keys())

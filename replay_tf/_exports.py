@@ -34,13 +34,13 @@ from replay_tf.errors import DeadlineExceededError
 from replay_tf.errors import ReverbError
 from replay_tf.legacy_writer import Writer
 from replay_tf.pattern_dataset import PatternDataset
+from replay_tf.replay_sample import ReplaySample
+from replay_tf.replay_sample import SampleInfo
 from replay_tf.server import Server
 from replay_tf.sharded import ShardedClient
 from replay_tf.tf_client import TFClient
 from replay_tf.timestep_dataset import TimestepDataset
 from replay_tf.table import Table
-from replay_tf.trajectory_dataset import ReplaySample
-from replay_tf.trajectory_dataset import SampleInfo
 from replay_tf.trajectory_dataset import TrajectoryDataset
 from replay_tf.trajectory_writer import TrajectoryColumn
 from replay_tf.trajectory_writer import TrajectoryWriter

@@ -31,6 +31,8 @@ from replay_tf import _addresses
 from replay_tf import server as server_lib
 from replay_tf._inprocess_transport import InProcessTransport
 from replay_tf._leaves import leaf_array
+from replay_tf.replay_sample import ReplaySample
+from replay_tf.replay_sample import SampleInfo
 from replay_tf.core.chunk_store import Chunk, ChunkSlice, Column, Item, SequenceRange, new_key
 
 
@@ -256,8 +258,6 @@ class Client:
             if num_samples == -1:
                 return
             raise ValueError(f"max_samples ({num_samples}) must be -1 or >= 1")
-        from replay_tf.trajectory_dataset import ReplaySample, SampleInfo  # noqa: PLC0415  (imports TF)
-
         signature = self._get_signature_for_table(table) if unpack_as_table_signature else None
         unflatten = (lambda x: tree.unflatten_as(signature, x)) if signature else (lambda x: x)
         stream = self._transport.open_sample_stream(table, 1, None, max_samples=num_samples)

@@ -32,8 +32,8 @@ import numpy as np
 import tensorflow as tf
 import tree
 
-from replay_tf.trajectory_dataset import ReplaySample
-from replay_tf.trajectory_dataset import SampleInfo
+from replay_tf.replay_sample import ReplaySample
+from replay_tf.replay_sample import SampleInfo
 from replay_tf.trajectory_dataset import TrajectoryDataset
 
 #: acme's `adders.DEFAULT_PRIORITY_TABLE`.

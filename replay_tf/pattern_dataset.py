@@ -19,8 +19,8 @@ from typing import Any, Callable, Sequence
 
 import tensorflow as tf
 
-from replay_tf.trajectory_dataset import ReplaySample
-from replay_tf.trajectory_dataset import SampleInfo
+from replay_tf.replay_sample import ReplaySample
+from replay_tf.replay_sample import SampleInfo
 from rlds_tf.patterns import compile as compile_lib
 
 _FLAG_SPEC = tf.TensorSpec([], tf.bool)

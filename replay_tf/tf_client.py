@@ -18,8 +18,8 @@ import tree
 
 from replay_tf import errors
 from replay_tf.client import Client
-from replay_tf.trajectory_dataset import ReplaySample
-from replay_tf.trajectory_dataset import SampleInfo
+from replay_tf.replay_sample import ReplaySample
+from replay_tf.replay_sample import SampleInfo
 
 
 class _InvalidArgument(tf.errors.InvalidArgumentError, ValueError):

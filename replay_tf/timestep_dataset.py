@@ -12,8 +12,8 @@ import tensorflow as tf
 import tree
 
 from replay_tf import _lazy_dataset
-from replay_tf.trajectory_dataset import ReplaySample
-from replay_tf.trajectory_dataset import SampleInfo
+from replay_tf.replay_sample import ReplaySample
+from replay_tf.replay_sample import SampleInfo
 from replay_tf.trajectory_dataset import TrajectoryDataset
 from replay_tf.trajectory_dataset import table_signature
 

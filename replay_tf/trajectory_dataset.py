@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import operator
 import sys
-from typing import Any, NamedTuple, Optional, Union
+from typing import Any, Optional, Union
 
 import numpy as np
 import tensorflow as tf
@@ -38,38 +38,11 @@ from replay_tf import _lazy_dataset
 from replay_tf import _sample_workers
 from replay_tf import _stacking
 from replay_tf import errors
+from replay_tf.replay_sample import ReplaySample
+from replay_tf.replay_sample import SampleInfo
 
 # How long (milliseconds) a blocked sampler waits before yielding control back to tf.data.
 _POLL_MS = 100
-
-
-class SampleInfo(NamedTuple):
-    """What is known about a sampled item: key, probability, table_size, priority, times_sampled."""
-    key: Any
-    probability: Any
-    table_size: Any
-    priority: Any
-    times_sampled: Any
-
-    @classmethod
-    def tf_dtypes(cls) -> "SampleInfo":
-        """Dtypes of (key, probability, table_size, priority, times_sampled)."""
-        return cls(tf.uint64, tf.double, tf.int64, tf.double, tf.int32)
-
-    @classmethod
-    def tf_shapes(cls) -> "SampleInfo":
-        return cls(*[tf.TensorShape([]) for _ in cls.tf_dtypes()])
-
-    @classmethod
-    def zeros(cls) -> "SampleInfo":
-        """A SampleInfo with Python zero values for all fields."""
-        return cls(0, 0.0, 0, 0.0, 0)
-
-
-class ReplaySample(NamedTuple):
-    """A sample: `info` (`SampleInfo`) and `data` (structured like the table signature or the given dtypes)."""
-    info: SampleInfo
-    data: Any
 
 
 def table_signature(server_address: str, table: str, timeout_secs: Optional[int]) -> Any:

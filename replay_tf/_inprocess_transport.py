@@ -1,5 +1,10 @@
 """The in-process transport of `replay_tf.Client`: calls the tables of a `Server` in this process directly
-(no serialization, no copies on insert). Implements `replay_tf.client.Transport`."""
+(no serialization, no copies on insert). Implements `replay_tf.client.Transport`; `for_address` finds the
+server (`_local_servers`).
+
+A `server` argument below is a `replay_tf.Server`, not imported here: the server module imports the client,
+which reaches this module.
+"""
 from __future__ import annotations
 
 import collections
@@ -9,7 +14,7 @@ import time
 from typing import Any, Dict, Optional
 
 from replay_tf import errors
-from replay_tf import server as server_lib
+from replay_tf import _local_servers
 from replay_tf.core.chunk_store import Item
 
 
@@ -28,7 +33,7 @@ class InsertStream:
     _IDLE_S = 1.0     # a worker without work for this long exits (a later refusal starts a new one)
     _SLICE_MS = 250   # the worker re-checks `close` at least this often while its table refuses
 
-    def __init__(self, server: server_lib.Server):
+    def __init__(self, server):
         self._server = server
         self._pending: collections.deque = collections.deque()  # (table, item), oldest first
         self._cv = threading.Condition(threading.Lock())
@@ -115,7 +120,7 @@ class InsertStream:
 
 
 class SampleStream:
-    def __init__(self, server: server_lib.Server, table: str, num_samples_per_request: int,
+    def __init__(self, server, table: str, num_samples_per_request: int,
                  rate_limiter_timeout_ms: Optional[int], max_samples: Optional[int] = None):
         self._table = server.table(table)
         self._num_samples = num_samples_per_request
@@ -162,7 +167,7 @@ class SampleStream:
 class InProcessTransport:
     """Calls the tables of a `Server` in this process directly."""
 
-    def __init__(self, server: server_lib.Server):
+    def __init__(self, server):
         self.server = server
 
     def open_insert_stream(self) -> InsertStream:
@@ -187,3 +192,11 @@ class InProcessTransport:
 
     def checkpoint(self) -> str:
         return self.server.checkpoint()
+
+
+def for_address(server_address: str) -> Optional[InProcessTransport]:
+    """The in-process transport to the running `Server` of this process that owns `server_address`, if any."""
+    server = _local_servers.find_local_server(server_address)
+    if server is None or server.stopped:
+        return None
+    return InProcessTransport(server)

@@ -28,7 +28,7 @@ import numpy as np
 import tree
 
 from replay_tf import _addresses
-from replay_tf import server as server_lib
+from replay_tf import _inprocess_transport
 from replay_tf._inprocess_transport import InProcessTransport
 from replay_tf._leaves import leaf_array
 from replay_tf.replay_sample import ReplaySample
@@ -170,9 +170,9 @@ def make_transport(server_address: str, *, channel_credentials=None,
     `set_connection_options` or the environment. A local server is reached in-process whatever its
     credentials: code of the same process is trusted.
     """
-    local = server_lib.find_local_server(server_address)
-    if local is not None and not local.stopped:
-        return InProcessTransport(local)
+    local = _inprocess_transport.for_address(server_address)
+    if local is not None:
+        return local
     try:
         from replay_tf.grpc import client_transport as _grpc_transport  # noqa: PLC0415  (gRPC only for remote servers)
     except ImportError as e:

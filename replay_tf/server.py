@@ -17,28 +17,15 @@ import importlib.util
 import signal
 import socket
 import threading
-import weakref
 from typing import Optional, Sequence
 
-from replay_tf import _addresses
+from replay_tf import _local_servers
+from replay_tf import client
 from replay_tf import errors
 from replay_tf.core.chunk_store import ChunkStore
 from replay_tf.core.chunk_store import new_key_bits
 from replay_tf.table import Table
 from replay_tf.core.table import TableExtensionBase  # noqa: F401  (Reverb's `reverb.server.TableExtensionBase`)
-
-_registry_lock = threading.Lock()
-_registry: "weakref.WeakValueDictionary[int, Server]" = weakref.WeakValueDictionary()
-
-
-def find_local_server(address: str) -> Optional["Server"]:
-    """The running `Server` of this process that owns `address` (a loopback host and its port), if any."""
-    host, port = _addresses.split_address(address)
-    if not _addresses.reaches_this_machine(host):
-        return None
-    with _registry_lock:
-        return _registry.get(port)
-
 
 def _pick_unused_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -124,20 +111,14 @@ class Server:
         self._stopped = threading.Event()
         if checkpointer is not None and hasattr(checkpointer, "load_latest"):
             checkpointer.load_latest(self)
-        with _registry_lock:
-            other = _registry.get(self._port)
-            if other is not None and not other._stopped.is_set():
-                raise ValueError(f"port {self._port} is already served by another Server in this process")
-            _registry[self._port] = self
+        _local_servers.register(self._port, self)
         try:
             self._service = self._start_service()
         except BaseException:
             # Unregistered: a failed Server (e.g. its port is taken by another process) must not answer
             # in-process clients of that port, which would then miss the process that owns it.
             self._stopped.set()
-            with _registry_lock:
-                if _registry.get(self._port) is self:
-                    del _registry[self._port]
+            _local_servers.unregister(self._port, self)
             raise
 
     def _start_service(self):
@@ -195,8 +176,7 @@ class Server:
 
     def localhost_client(self):
         """A `Client` for this server."""
-        from replay_tf.client import Client  # noqa: PLC0415  (client imports server)
-        return Client(self.address)
+        return client.Client(self.address)
 
     def stop(self) -> None:
         """Closes every table (blocked calls fail with `CancelledError`) and the network listener.
@@ -216,9 +196,7 @@ class Server:
                 self._service.stop(0.5)
             except TypeError:  # a listener whose stop() takes no grace period
                 self._service.stop()
-        with _registry_lock:
-            if _registry.get(self._port) is self:
-                del _registry[self._port]
+        _local_servers.unregister(self._port, self)
 
     def wait(self) -> None:
         """Blocks until `stop()`; raises KeyboardInterrupt when stopped by SIGINT (as Reverb does)."""

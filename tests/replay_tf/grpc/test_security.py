@@ -13,9 +13,9 @@ import pytest
 import tensorflow as tf
 
 import replay_tf as reverb
+from replay_tf import _local_servers
 from replay_tf import client as client_lib
 from replay_tf import errors
-from replay_tf import server as server_lib
 from replay_tf.wire import reverb_service_pb2
 
 _PREFIX = "/deepmind.reverb.ReverbService/"
@@ -59,7 +59,7 @@ def token_server():
 @pytest.fixture
 def remote(monkeypatch):
     """Clients of this process connect over gRPC, as from another machine."""
-    monkeypatch.setattr(server_lib, "find_local_server", lambda address: None)
+    monkeypatch.setattr(_local_servers, "find_local_server", lambda address: None)
 
 
 def _channel_credentials(certificate):

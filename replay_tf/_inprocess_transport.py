@@ -1,5 +1,5 @@
 """The in-process transport of `replay_tf.Client`: calls the tables of a `Server` in this process directly
-(no serialization, no copies on insert). Implements `replay_tf.client.Transport`; `for_address` finds the
+(no serialization, no copies on insert). Implements `replay_tf._transport.Transport`; `for_address` finds the
 server (`_local_servers`).
 
 A `server` argument below is a `replay_tf.Server`, not imported here: the server module imports the client,
@@ -47,7 +47,7 @@ class InsertStream:
             raise error
 
     def send(self, table: str, item: Item, live: Optional[tuple] = None) -> None:
-        # (`live` only matters to remote streams: see `client.InsertStream.send`.) As in Reverb, the table
+        # (`live` only matters to remote streams: see `_transport.InsertStream.send`.) As in Reverb, the table
         # does not check items against its signature: writers do (validate_items).
         target = self._server.table(table)
         if not self._pending:  # only this thread adds items, so the worker is idle: insert here

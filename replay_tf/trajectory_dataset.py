@@ -37,7 +37,9 @@ from replay_tf import _generator_exit
 from replay_tf import _lazy_dataset
 from replay_tf import _sample_workers
 from replay_tf import _stacking
+from replay_tf import _transport as transport_lib
 from replay_tf import errors
+from replay_tf._inprocess_transport import InProcessTransport
 from replay_tf.replay_sample import ReplaySample
 from replay_tf.replay_sample import SampleInfo
 
@@ -52,9 +54,7 @@ def table_signature(server_address: str, table: str, timeout_secs: Optional[int]
       ValueError: The server has no such table, or the table no signature.
       DeadlineExceededError: `timeout_secs` ran out.
     """
-    from replay_tf.client import Client  # noqa: PLC0415
-
-    info = Client(server_address).server_info(timeout_secs)
+    info = transport_lib.make_transport(server_address).server_info(timeout_secs or None)
     if table not in info:
         raise ValueError(f"Server at {server_address} does not contain any table named {table}. Found: "
                          f"{', '.join(sorted(info.keys()))}.")
@@ -196,9 +196,7 @@ class TrajectoryDataset(_lazy_dataset.LazyDatasetV1):
 
     def _validate_against_signature(self) -> None:
         """ValueError when the table has a signature that the requested dtypes/shapes contradict."""
-        from replay_tf.client import InProcessTransport, make_transport  # noqa: PLC0415
-
-        transport = make_transport(self._server_address)
+        transport = transport_lib.make_transport(self._server_address)
         if not isinstance(transport, InProcessTransport):
             return  # remote servers are checked batch by batch while sampling
         info = transport.server_info(None)
@@ -374,11 +372,9 @@ class TrajectoryDataset(_lazy_dataset.LazyDatasetV1):
     def _generate_flat(self, batch_size: Optional[int] = None, drop_remainder: bool = False, *,
                        server_address: Optional[str] = None, table: Optional[str] = None):
         """`_generate_batches`, each batch flat (see `_stack_flat`)."""
-        from replay_tf.client import make_transport  # noqa: PLC0415
-
         server_address = self._server_address if server_address is None else server_address
         table = self._table if table is None else table
-        transport = make_transport(server_address)
+        transport = transport_lib.make_transport(server_address)
         request = self._max_in_flight if batch_size is None else max(self._max_in_flight, batch_size)
         fully_defined = all(s.is_fully_defined() for s in self._column_shapes)
         stacked = (_addresses.is_loopback_target(server_address) if self._stacked_samples is None

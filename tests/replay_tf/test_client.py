@@ -74,8 +74,8 @@ def any_client(request, server, monkeypatch):
     """A client of `server`, reaching it in-process or over gRPC."""
     if request.param == "remote":
         from replay_tf.grpc import client_transport
-        from replay_tf import client as client_lib
-        monkeypatch.setattr(client_lib, "make_transport", client_transport.Transport)
+        from replay_tf import _transport as transport_lib
+        monkeypatch.setattr(transport_lib, "make_transport", client_transport.Transport)
     return reverb.Client(f"localhost:{server.port}")
 
 
@@ -220,12 +220,12 @@ def test_server_rejects_bad_max_message_bytes(max_message_bytes, error):
 def test_server_refuses_requests_above_max_message_bytes_and_keeps_serving(monkeypatch):
     import grpc
     from replay_tf.grpc import client_transport
-    from replay_tf import client as client_lib
+    from replay_tf import _transport as transport_lib
     from replay_tf.grpc import service
     server = reverb.Server([reverb.Table.queue("q", 10)], max_message_bytes=64 << 10)
     try:
         assert server.max_message_bytes == 64 << 10 and server.host == "localhost"
-        monkeypatch.setattr(client_lib, "make_transport", client_transport.Transport)
+        monkeypatch.setattr(transport_lib, "make_transport", client_transport.Transport)
         client = reverb.Client(f"localhost:{server.port}")
         # Random bytes: Snappy cannot shrink them below the limit.
         big = np.random.default_rng(0).integers(0, 255, 1 << 20, dtype=np.uint8)

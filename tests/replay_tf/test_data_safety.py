@@ -507,8 +507,8 @@ def test_a_draining_server_refuses_priority_updates_deletes_and_resets(remote, m
     # change, so changes other than inserts are refused too; sampling goes on.
     if remote:
         from replay_tf.grpc import client_transport
-        from replay_tf import client as client_lib
-        monkeypatch.setattr(client_lib, "make_transport", client_transport.Transport)
+        from replay_tf import _transport as transport_lib
+        monkeypatch.setattr(transport_lib, "make_transport", client_transport.Transport)
     server = reverb.Server([_uniform_table()])
     try:
         client = reverb.Client(f"localhost:{server.port}")

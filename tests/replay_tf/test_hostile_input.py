@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 import replay_tf as reverb
-from replay_tf import client as client_lib
+from replay_tf import _transport as transport_lib
 from replay_tf import errors
 from replay_tf.core import selectors
 
@@ -129,7 +129,7 @@ def channels(monkeypatch):
     monkeypatch.setattr(client_transport.grpc, "insecure_channel", record("insecure"))
     monkeypatch.setattr(client_transport.grpc, "secure_channel", record("secure"))
     monkeypatch.delenv("REPLAY_TF_ALLOW_PLAINTEXT_TOKEN", raising=False)   # the documented opt-in
-    monkeypatch.delenv(client_lib.AUTH_TOKEN_ENV, raising=False)
+    monkeypatch.delenv(transport_lib.AUTH_TOKEN_ENV, raising=False)
     return created
 
 
@@ -145,7 +145,7 @@ def test_a_token_is_not_sent_in_plaintext_beyond_loopback(channels, monkeypatch,
             reverb.Client(address)
     finally:
         reverb.set_connection_options(address)
-    monkeypatch.setenv(client_lib.AUTH_TOKEN_ENV, _TOKEN)
+    monkeypatch.setenv(transport_lib.AUTH_TOKEN_ENV, _TOKEN)
     with pytest.raises(ValueError, match=message):
         reverb.Client(address)
     assert channels == []   # refused before any channel existed
@@ -182,7 +182,7 @@ def test_token_whitespace_is_stripped_on_the_client(token_server, monkeypatch, s
     monkeypatch.setattr(_local_servers, "find_local_server", lambda address: None)   # over gRPC, as remotely
     padded = f"  {_TOKEN}\n"                       # as read from a file or an environment variable
     if source == "environment":
-        monkeypatch.setenv(client_lib.AUTH_TOKEN_ENV, padded)
+        monkeypatch.setenv(transport_lib.AUTH_TOKEN_ENV, padded)
         client = reverb.Client(f"localhost:{token_server.port}")
     else:
         client = reverb.Client(f"localhost:{token_server.port}", auth_token=padded)

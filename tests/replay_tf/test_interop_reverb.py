@@ -17,7 +17,7 @@ import pytest
 import tensorflow as tf
 
 import replay_tf as reverb
-from replay_tf import client as client_lib
+from replay_tf import _inprocess_transport
 from replay_tf import checkpointing
 
 pytestmark = pytest.mark.peer
@@ -306,7 +306,7 @@ def reverb_server(peer):
 @pytest.fixture(scope="module")
 def our_client(reverb_server):
     client = reverb.Client(f"localhost:{reverb_server.port}")
-    assert not isinstance(client.transport, client_lib.InProcessTransport)
+    assert not isinstance(client.transport, _inprocess_transport.InProcessTransport)
     return client
 
 

@@ -159,9 +159,9 @@ def test_in_flight_limit_and_a_closed_writer(client):
 
 def test_delta_encoded_chunks_travel_delta_encoded(monkeypatch):
     from replay_tf.grpc import client_transport  # noqa: PLC0415
-    from replay_tf import client as client_lib  # noqa: PLC0415
+    from replay_tf import _transport as transport_lib  # noqa: PLC0415
 
-    monkeypatch.setattr(client_lib, "make_transport", client_transport.Transport)  # over gRPC, not in-process
+    monkeypatch.setattr(transport_lib, "make_transport", client_transport.Transport)  # over gRPC, not in-process
     server = reverb.Server([reverb.Table.queue("q", 10)])
     client = reverb.Client(f"localhost:{server.port}")
     frames = np.cumsum(np.arange(3 * 8, dtype=np.int32).reshape(3, 2, 4), axis=0)
@@ -194,10 +194,10 @@ def test_a_writer_collected_unclosed_still_sends_its_items(client, caplog):
 def test_flush_waits_until_the_server_holds_the_items(remote, monkeypatch):
     # dm-reverb's legacy flush may return before its server has inserted the item (0 or 1 in one scenario).
     from replay_tf.grpc import client_transport  # noqa: PLC0415
-    from replay_tf import client as client_lib  # noqa: PLC0415
+    from replay_tf import _transport as transport_lib  # noqa: PLC0415
 
     if remote:
-        monkeypatch.setattr(client_lib, "make_transport", client_transport.Transport)
+        monkeypatch.setattr(transport_lib, "make_transport", client_transport.Transport)
     server = reverb.Server([reverb.Table.queue("q", 10)])
     client = reverb.Client(f"localhost:{server.port}")
     writer = client.writer(12)  # chunks of 10: the item waits for its chunk until flush

@@ -12,8 +12,8 @@ import tensorflow as tf
 
 import replay_tf as reverb
 from replay_tf import _column_chunker
-from replay_tf import client as client_lib
 from replay_tf.grpc import client_transport
+from replay_tf import _transport as transport_lib
 
 
 @pytest.mark.parametrize("row_bytes, keep_alive, expected", [
@@ -40,7 +40,7 @@ def _chunk_lengths_by_column(table) -> dict:
 
 
 def test_remote_writer_sends_single_step_chunks_for_large_steps_and_long_ones_for_small(monkeypatch):
-    monkeypatch.setattr(client_lib, "make_transport", client_transport.Transport)
+    monkeypatch.setattr(transport_lib, "make_transport", client_transport.Transport)
     signature = {"action": tf.TensorSpec([3, 2], tf.float32), "observation": tf.TensorSpec([3, 84, 84, 4], tf.uint8)}
     server = reverb.Server([reverb.Table("t", reverb.selectors.Fifo(), reverb.selectors.Fifo(), 100,
                                          reverb.rate_limiters.MinSize(1), signature=signature)])

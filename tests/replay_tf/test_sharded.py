@@ -13,8 +13,8 @@ from replay_tf import errors
 def servers(request, monkeypatch):
     if request.param == "grpc":
         from replay_tf.grpc import client_transport
-        from replay_tf import client as client_lib
-        monkeypatch.setattr(client_lib, "make_transport", client_transport.Transport)
+        from replay_tf import _transport as transport_lib
+        monkeypatch.setattr(transport_lib, "make_transport", client_transport.Transport)
     started = [reverb.Server([reverb.Table.queue("q", 100)]) for _ in range(2)]
     yield started
     for server in started:

@@ -80,9 +80,9 @@ def test_over_grpc_and_items_that_are_not_timesteps(monkeypatch):
 
     import replay_tf as reverb  # noqa: PLC0415
     from replay_tf.grpc import client_transport  # noqa: PLC0415
-    from replay_tf import client as client_lib  # noqa: PLC0415
+    from replay_tf import _transport as transport_lib  # noqa: PLC0415
 
-    monkeypatch.setattr(client_lib, "make_transport", client_transport.Transport)  # over gRPC, not in-process
+    monkeypatch.setattr(transport_lib, "make_transport", client_transport.Transport)  # over gRPC, not in-process
     server = reverb.Server([reverb.Table.queue("q", 10)])
     address = f"localhost:{server.port}"
     client = reverb.Client(address)

@@ -203,7 +203,7 @@ def _record_chunk_cache(monkeypatch) -> list:
     """Makes clients sample over gRPC and records (entries, bytes) of the chunk cache after every chunk."""
     from replay_tf.grpc import sample_stream
     from replay_tf.grpc import client_transport
-    from replay_tf import client as client_lib
+    from replay_tf import _transport as transport_lib
     sizes = []
     original = sample_stream.SampleStream._chunk
 
@@ -212,7 +212,7 @@ def _record_chunk_cache(monkeypatch) -> list:
         sizes.append((len(cache), cache.nbytes))
         return entry
     monkeypatch.setattr(sample_stream.SampleStream, "_chunk", staticmethod(recording_chunk))
-    monkeypatch.setattr(client_lib, "make_transport", client_transport.Transport)
+    monkeypatch.setattr(transport_lib, "make_transport", client_transport.Transport)
     return sizes
 
 
@@ -272,10 +272,10 @@ def _wait_until(condition, timeout_s=10.0):
 def queue_server(request, monkeypatch):
     """A server with a 10-item queue of int32 [1] items, reached in-process or over gRPC."""
     from replay_tf.grpc import client_transport
-    from replay_tf import client as client_lib
+    from replay_tf import _transport as transport_lib
     server = reverb.Server([reverb.Table.queue("q", 10, signature=tf.TensorSpec([1], tf.int32))])
     if request.param == "grpc":
-        monkeypatch.setattr(client_lib, "make_transport", client_transport.Transport)
+        monkeypatch.setattr(transport_lib, "make_transport", client_transport.Transport)
     yield server
     server.stop()
 
@@ -321,9 +321,9 @@ def test_closing_a_blocked_batch_generator_releases_its_stream(queue_server):
 def transport_kind(request, monkeypatch):
     """Runs a test with the in-process transport and again over gRPC; counts the sample streams opened."""
     from replay_tf.grpc import client_transport
-    from replay_tf import client as client_lib
+    from replay_tf import _transport as transport_lib
     opened = []
-    make = client_transport.Transport if request.param == "grpc" else client_lib.make_transport
+    make = client_transport.Transport if request.param == "grpc" else transport_lib.make_transport
 
     def counting_make_transport(address):
         transport = make(address)
@@ -334,7 +334,7 @@ def transport_kind(request, monkeypatch):
             return original(*args, **kwargs)
         transport.open_sample_stream = open_sample_stream
         return transport
-    monkeypatch.setattr(client_lib, "make_transport", counting_make_transport)
+    monkeypatch.setattr(transport_lib, "make_transport", counting_make_transport)
     return opened
 
 

@@ -128,8 +128,8 @@ def test_server_stop_fails_the_waiting_items_and_flush_does_not_hang():
 def remote(monkeypatch):
     """Clients of this test reach local servers through the gRPC transport."""
     from replay_tf.grpc import client_transport
-    from replay_tf import client as client_lib
-    monkeypatch.setattr(client_lib, "make_transport", client_transport.Transport)
+    from replay_tf import _transport as transport_lib
+    monkeypatch.setattr(transport_lib, "make_transport", client_transport.Transport)
 
 
 def _table():

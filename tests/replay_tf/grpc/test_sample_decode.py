@@ -9,8 +9,8 @@ import pytest
 import tensorflow as tf
 
 import replay_tf as reverb
-from replay_tf import client as client_lib
 from replay_tf.grpc import client_transport
+from replay_tf import _transport as transport_lib
 from replay_tf.wire import tensor_codec
 
 _FRAME = (64, 64)  # 4 KiB per step: remote writers send one step per chunk (test_remote_chunking.py)
@@ -18,7 +18,7 @@ _FRAME = (64, 64)  # 4 KiB per step: remote writers send one step per chunk (tes
 
 @pytest.fixture
 def remote_server(monkeypatch):
-    monkeypatch.setattr(client_lib, "make_transport", client_transport.Transport)
+    monkeypatch.setattr(transport_lib, "make_transport", client_transport.Transport)
     signature = {"action": tf.TensorSpec([3, 2], tf.float32), "observation": tf.TensorSpec([3, *_FRAME], tf.int32)}
     server = reverb.Server([reverb.Table("t", reverb.selectors.Uniform(), reverb.selectors.Fifo(), 100,
                                          reverb.rate_limiters.MinSize(1), signature=signature)])

@@ -14,7 +14,7 @@ import tensorflow as tf
 
 import replay_tf as reverb
 from replay_tf import _local_servers
-from replay_tf import client as client_lib
+from replay_tf import _transport as transport_lib
 from replay_tf import errors
 from replay_tf.wire import reverb_service_pb2
 
@@ -149,7 +149,7 @@ def test_token_from_the_environment_reaches_remote_clients(token_server, remote,
     address = f"localhost:{token_server.port}"
     with pytest.raises(errors.ReverbError, match="UNAUTHENTICATED"):
         reverb.Client(address).server_info(timeout=5)
-    monkeypatch.setenv(client_lib.AUTH_TOKEN_ENV, _TOKEN)
+    monkeypatch.setenv(transport_lib.AUTH_TOKEN_ENV, _TOKEN)
     client = reverb.Client(address)
     client.insert({"x": np.array([5.0, 6.0], np.float32)}, priorities={"t": 1.0})
     dataset = reverb.make_reverb_dataset(address, table="t", num_parallel_calls=1)

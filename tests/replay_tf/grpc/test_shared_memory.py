@@ -15,7 +15,7 @@ import tensorflow as tf
 
 import replay_tf as reverb
 from replay_tf import _stacking
-from replay_tf import client as client_lib
+from replay_tf import _transport as transport_lib
 from replay_tf import errors
 from replay_tf.core import chunk_store
 from replay_tf.core import table as table_lib
@@ -51,7 +51,7 @@ def taken(monkeypatch) -> list:
 @pytest.fixture
 def server(monkeypatch, taken):
     """A server filled over gRPC; step i holds i."""
-    monkeypatch.setattr(client_lib, "make_transport", client_transport.Transport)
+    monkeypatch.setattr(transport_lib, "make_transport", client_transport.Transport)
     signature = {"observation": tf.TensorSpec([3, *_FRAME], tf.int32), "last": tf.TensorSpec([], tf.int64)}
     server = reverb.Server([reverb.Table("t", reverb.selectors.Uniform(), reverb.selectors.Fifo(), 100,
                                          reverb.rate_limiters.MinSize(1), signature=signature)])

@@ -11,7 +11,7 @@ from google.protobuf import message as protobuf_message
 import replay_tf as reverb
 from replay_tf import _addresses
 from replay_tf import _stacking
-from replay_tf import client as client_lib
+from replay_tf import _transport as transport_lib
 from replay_tf.core import chunk_store
 from replay_tf.core import table as table_lib
 from replay_tf.grpc import client_transport
@@ -27,7 +27,7 @@ _FRAME = (24, 24)  # 2.3 KiB int32 steps: remote writers send one step per chunk
 @pytest.fixture
 def remote_server(monkeypatch):
     """A server filled over gRPC (its chunks held as received), sampled over gRPC; step i holds i."""
-    monkeypatch.setattr(client_lib, "make_transport", client_transport.Transport)
+    monkeypatch.setattr(transport_lib, "make_transport", client_transport.Transport)
     signature = {"action": tf.TensorSpec([3, 2], tf.float32), "observation": tf.TensorSpec([3, *_FRAME], tf.int32),
                  "last": tf.TensorSpec([], tf.int64)}
     server = reverb.Server([reverb.Table("t", reverb.selectors.Uniform(), reverb.selectors.Fifo(), 100,
@@ -112,7 +112,7 @@ def test_only_loopback_addresses_get_stacked_samples_by_default(address, expecte
 
 
 def test_items_that_do_not_stack_fall_back_to_entries_and_name_the_column(monkeypatch):
-    monkeypatch.setattr(client_lib, "make_transport", client_transport.Transport)
+    monkeypatch.setattr(transport_lib, "make_transport", client_transport.Transport)
     server = reverb.Server([reverb.Table.queue("q", 10)])  # no signature: items may differ
     client = reverb.Client(f"localhost:{server.port}")
     client.insert(np.arange(2, dtype=np.int32), {"q": 1.0})
@@ -128,7 +128,7 @@ def test_items_that_do_not_stack_fall_back_to_entries_and_name_the_column(monkey
 
 
 def test_stacked_columns_of_another_dtype_name_the_column(monkeypatch):
-    monkeypatch.setattr(client_lib, "make_transport", client_transport.Transport)
+    monkeypatch.setattr(transport_lib, "make_transport", client_transport.Transport)
     server = reverb.Server([reverb.Table.queue("q", 10)])  # no signature: the dataset's dtypes are not checked
     client = reverb.Client(f"localhost:{server.port}")
     for i in range(2):
@@ -403,7 +403,7 @@ def _raw_varint(value: int) -> bytes:
 
 def test_samples_with_string_columns_go_as_entries_a_response_of_several(monkeypatch):
     from replay_tf.grpc import sampling
-    monkeypatch.setattr(client_lib, "make_transport", client_transport.Transport)
+    monkeypatch.setattr(transport_lib, "make_transport", client_transport.Transport)
     sent_as_entries = []  # samples per call of the entries path
     original = sampling.SampleStreams._responses
 

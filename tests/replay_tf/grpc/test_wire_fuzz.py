@@ -25,7 +25,7 @@ import pytest
 import tensorflow as tf
 
 import replay_tf as reverb
-from replay_tf import client as client_lib
+from replay_tf import _transport as transport_lib
 from replay_tf.core import chunk_store
 from replay_tf.wire import _raw
 from replay_tf.wire import chunk_codec
@@ -415,7 +415,7 @@ def test_fuzz_every_rpc_then_the_server_is_intact(server, monkeypatch):
 
     # A normal remote client inserts and samples correctly.
     from replay_tf.grpc import client_transport  # noqa: PLC0415
-    monkeypatch.setattr(client_lib, "make_transport", client_transport.Transport)
+    monkeypatch.setattr(transport_lib, "make_transport", client_transport.Transport)
     client = reverb.Client(address)
     assert sorted(client.server_info()) == sorted(_TABLES)
     client.insert(np.array([1.5, 2.5], np.float32), priorities={"q": 1.0, "sig": 1.0})

@@ -24,7 +24,6 @@ nothing from the table, so no item is lost or counted as sampled.
 from __future__ import annotations
 
 import operator
-import sys
 from typing import Any, Optional, Union
 
 import numpy as np
@@ -33,6 +32,7 @@ import tree
 
 from replay_tf import _addresses
 from replay_tf import _batch_source
+from replay_tf import _buffer_pool
 from replay_tf import _generator_exit
 from replay_tf import _lazy_dataset
 from replay_tf import _sample_workers
@@ -248,7 +248,7 @@ class TrajectoryDataset(_lazy_dataset.LazyDatasetV1):
     def batch(self, batch_size, drop_remainder=False, num_parallel_calls=None, deterministic=None, name=None):
         """`tf.data.Dataset.batch`, computed without unbatching: batches of samples are stacked once, in
         numpy, into 64-byte aligned arrays that TensorFlow adopts without copying (large ones are reused
-        once no tensor refers to them, see `_BufferPool`). Same elements as
+        once no tensor refers to them, see `_buffer_pool`). Same elements as
         `Dataset.batch` on this dataset; other arguments fall back to it."""
         simple = (num_parallel_calls is None and deterministic is None and name is None
                   and isinstance(batch_size, (int, np.integer)) and batch_size >= 1
@@ -294,7 +294,7 @@ class TrajectoryDataset(_lazy_dataset.LazyDatasetV1):
         """(the requested shape, the item's shape) of column `index` as a mismatch reports them."""
         return self._column_shapes[index], tf.TensorShape(column_shape)
 
-    def _stack(self, samples: list, pool: Optional["_BufferPool"] = None, table: Optional[str] = None
+    def _stack(self, samples: list, pool: Optional[_buffer_pool.BufferPool] = None, table: Optional[str] = None
                ) -> ReplaySample:
         """One `ReplaySample` of arrays stacked along a new leading axis (fully defined shapes only), from a
         sample stream's batch of `table` (default: the dataset's): `SampledItem`s and `StackedSamples` (see
@@ -305,11 +305,11 @@ class TrajectoryDataset(_lazy_dataset.LazyDatasetV1):
         """The `ReplaySample` of a flat batch (the 5 `SampleInfo` columns, then the data columns)."""
         return ReplaySample(SampleInfo(*flat[:5]), tree.unflatten_as(self._data_structure, flat[5:]))
 
-    def _stack_flat(self, samples: list, pool: Optional["_BufferPool"], table: str) -> list:
+    def _stack_flat(self, samples: list, pool: Optional[_buffer_pool.BufferPool], table: str) -> list:
         """`_stack`'s batch flat: the 5 `SampleInfo` columns, then the data columns (as `tree` flattens)."""
         count = _stacking.count_samples(samples)
         if pool is None:
-            data = [_aligned_empty((count, *shape), dtype) for dtype, shape in self._column_layout]
+            data = [_buffer_pool.aligned_empty((count, *shape), dtype) for dtype, shape in self._column_layout]
         else:
             data = [pool.empty((count, *shape), dtype, row_bytes)
                     for (dtype, shape), row_bytes in zip(self._column_layout, self._row_bytes)]
@@ -394,7 +394,7 @@ class TrajectoryDataset(_lazy_dataset.LazyDatasetV1):
             stream = _sample_workers.ParallelStreams(open_stream, self._num_workers, self._max_samples,
                                                      request_size=request, poll_ms=_POLL_MS)
         remaining = self._max_samples
-        pool = _BufferPool()
+        pool = _buffer_pool.BufferPool()
         pending: list = []
         pending_count = 0
         try:
@@ -461,59 +461,6 @@ def _ensure_batch_size(specs: ReplaySample):
     def ensure(sample: ReplaySample) -> ReplaySample:
         return tree.map_structure(lambda x, spec: tf.ensure_shape(x, spec.shape), sample, specs)
     return ensure
-
-
-def _aligned_empty(shape: tuple, dtype: np.dtype, alignment: int = 64) -> np.ndarray:
-    """An uninitialized array whose data is `alignment`-byte aligned, so TensorFlow can adopt its buffer."""
-    if dtype == np.dtype(object):
-        return np.empty(shape, dtype)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    buffer = np.empty(nbytes + alignment, np.uint8)
-    offset = (-buffer.ctypes.data) % alignment
-    return buffer[offset:offset + nbytes].view(dtype).reshape(shape)
-
-
-class _BufferPool:
-    """Reuses the aligned output arrays of large batches once nothing refers to them any more.
-
-    A fresh array of many megabytes costs a page fault per 4 KiB page on first write (the kernel zeroes
-    every page), which is about as slow as filling it. TensorFlow adopts an aligned array's buffer and
-    keeps a reference to the array while any tensor uses it, so an array whose only reference is the
-    pool's own is free to be filled again. Small arrays come from numpy's allocator as before.
-    """
-
-    MIN_BYTES = 1 << 20  # below this, malloc's own free lists already reuse memory
-    MAX_ARRAYS = 8       # per (shape, dtype); beyond that, arrays are allocated and not pooled
-
-    def __init__(self):
-        self._arrays: dict = {}
-        # The reference counts of an array that only the pool holds, measured on a probe held and looked
-        # at exactly as `empty` does (so they hold on any interpreter's reference-counting details).
-        probes = [_aligned_empty((1,), np.dtype(np.uint8))]
-        for array in probes:
-            self._free_counts = self._counts(array)
-
-    @staticmethod
-    def _counts(array: np.ndarray) -> tuple:
-        # References to the array, and to the memory it views (any view of `array` refers to `array.base`).
-        return sys.getrefcount(array), sys.getrefcount(array.base)
-
-    def empty(self, shape: tuple, dtype: np.dtype, row_bytes: Optional[int] = None) -> np.ndarray:
-        """An array to fill: pooled when large; small ones straight from numpy (TensorFlow copies an array
-        it cannot adopt, which costs less than aligning a small one). `row_bytes`: the bytes of
-        `shape[1:]`, when known."""
-        if row_bytes is None:
-            row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
-        if dtype == np.dtype(object) or shape[0] * row_bytes < self.MIN_BYTES:
-            return np.empty(shape, dtype)
-        arrays = self._arrays.setdefault((shape, dtype), [])
-        for array in arrays:
-            if self._counts(array) == self._free_counts:  # nothing but the pool refers to it
-                return array
-        array = _aligned_empty(shape, dtype)
-        if len(arrays) < self.MAX_ARRAYS:
-            arrays.append(array)
-        return array
 
 
 def _string_argument(name: str, value: Any) -> Union[str, tf.Tensor]:

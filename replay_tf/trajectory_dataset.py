@@ -36,31 +36,16 @@ from replay_tf import _buffer_pool
 from replay_tf import _generator_exit
 from replay_tf import _lazy_dataset
 from replay_tf import _sample_workers
+from replay_tf import _signature_checks
 from replay_tf import _stacking
 from replay_tf import _transport as transport_lib
 from replay_tf import errors
-from replay_tf._inprocess_transport import InProcessTransport
+from replay_tf._signature_checks import numpy_dtype
 from replay_tf.replay_sample import ReplaySample
 from replay_tf.replay_sample import SampleInfo
 
 # How long (milliseconds) a blocked sampler waits before yielding control back to tf.data.
 _POLL_MS = 100
-
-
-def table_signature(server_address: str, table: str, timeout_secs: Optional[int]) -> Any:
-    """The signature of `table` at `server_address` (what `from_table_signature` builds datasets of).
-
-    Raises:
-      ValueError: The server has no such table, or the table no signature.
-      DeadlineExceededError: `timeout_secs` ran out.
-    """
-    info = transport_lib.make_transport(server_address).server_info(timeout_secs or None)
-    if table not in info:
-        raise ValueError(f"Server at {server_address} does not contain any table named {table}. Found: "
-                         f"{', '.join(sorted(info.keys()))}.")
-    if not info[table].signature:
-        raise ValueError(f"Table {table} at {server_address} does not have a signature.")
-    return info[table].signature
 
 
 def _lists_to_tuples(structure: Any) -> Any:
@@ -73,10 +58,6 @@ def _lists_to_tuples(structure: Any) -> Any:
     if isinstance(structure, dict):
         return type(structure)((k, _lists_to_tuples(v)) for k, v in structure.items())
     return structure
-
-
-def _numpy_dtype(dtype: tf.DType) -> np.dtype:
-    return np.dtype(object) if dtype == tf.string else np.dtype(dtype.as_numpy_dtype)
 
 
 _get_key = operator.attrgetter("key")
@@ -158,7 +139,7 @@ class TrajectoryDataset(_lazy_dataset.LazyDatasetV1):
         self._column_dtypes = [tf.as_dtype(d) for d in tree.flatten(dtypes)]
         self._column_shapes = [tf.TensorShape(s) for s in tree.flatten(shapes)]
         # (numpy dtype, shape tuple) per column, and bytes per row (None where a shape is not fully defined)
-        self._column_layout = [(_numpy_dtype(d), tuple(s.as_list()) if s.is_fully_defined() else None)
+        self._column_layout = [(numpy_dtype(d), tuple(s.as_list()) if s.is_fully_defined() else None)
                                for d, s in zip(self._column_dtypes, self._column_shapes)]
         self._row_bytes = [None if shape is None else int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
                            for dtype, shape in self._column_layout]
@@ -180,7 +161,7 @@ class TrajectoryDataset(_lazy_dataset.LazyDatasetV1):
                              max_samples: int = -1, *, stacked_samples: Optional[bool] = None
                              ) -> "TrajectoryDataset":
         """A dataset whose dtypes and shapes come from the table's signature."""
-        signature = table_signature(server_address, table, get_signature_timeout_secs)
+        signature = _signature_checks.table_signature(server_address, table, get_signature_timeout_secs)
         return cls(server_address=server_address, table=table,
                    shapes=tree.map_structure(lambda x: x.shape, signature),
                    dtypes=tree.map_structure(lambda x: x.dtype, signature),
@@ -196,26 +177,8 @@ class TrajectoryDataset(_lazy_dataset.LazyDatasetV1):
 
     def _validate_against_signature(self) -> None:
         """ValueError when the table has a signature that the requested dtypes/shapes contradict."""
-        transport = transport_lib.make_transport(self._server_address)
-        if not isinstance(transport, InProcessTransport):
-            return  # remote servers are checked batch by batch while sampling
-        info = transport.server_info(None)
-        if self._table not in info:
-            raise ValueError(f"Server at {self._server_address} does not contain any table named {self._table}. "
-                             f"Found: {', '.join(sorted(info))}.")
-        signature = info[self._table].signature
-        if signature is None:
-            return
-        flat = tree.flatten(signature)
-        if len(flat) != len(self._column_dtypes):
-            raise ValueError(f"Inconsistent number of tensors requested from table '{self._table}'. Requested "
-                             f"{len(self._column_dtypes)} tensors ({self._column_paths}), but table signature shows "
-                             f"{len(flat)} tensors: {signature}")
-        for path, dtype, shape, spec in zip(self._column_paths, self._column_dtypes, self._signature_shapes(), flat):
-            if dtype != spec.dtype or not shape.is_compatible_with(spec.shape):
-                raise ValueError(f"Requested incompatible tensor at '{path}' from table '{self._table}': "
-                                 f"requested dtype={dtype.name} shape={shape}, but the table signature has "
-                                 f"{spec}")
+        _signature_checks.check_requested(self._server_address, self._table, self._column_paths,
+                                          self._column_dtypes, self._signature_shapes())
 
     def _check_item(self, item, table: str) -> None:
         """Raises ValueError for an item of `table` this dataset cannot yield (checked before its columns;
@@ -270,25 +233,9 @@ class TrajectoryDataset(_lazy_dataset.LazyDatasetV1):
 
     def _check_columns(self, columns: list, table: str) -> None:
         """InvalidArgument (a ValueError in the generator) for columns of `table` that this dataset cannot
-        yield, with Reverb's text ("Received incompatible tensor ... Specification has (dtype, shape): ...")
-        followed by the column's path in `dtypes`."""
-        if len(columns) != len(self._column_dtypes):
-            raise ValueError(f"Inconsistent number of tensors received from table '{table}'.  Specification has "
-                             f"{len(self._column_dtypes)} tensors, but data coming from the table shows "
-                             f"{len(columns)} tensors.  Table '{table}' returned an item with {len(columns)} "
-                             f"columns but the dataset expects {len(self._column_dtypes)} ({self._column_paths})")
-        for i, (path, dtype, shape, column) in enumerate(zip(self._column_paths, self._column_dtypes,
-                                                             self._column_shapes, columns)):
-            if column.dtype != _numpy_dtype(dtype) or not shape.is_compatible_with(column.shape):
-                spec_shape, tensor_shape = self._reported_shapes(i, column.shape)
-                raise ValueError(f"Received incompatible tensor at flattened index {i} from table '{table}'.  "
-                                 f"Specification has (dtype, shape): ({_type_name(dtype)}, "
-                                 f"{_shape_string(spec_shape)}).  Tensor has (dtype, shape): "
-                                 f"({_type_name(column.dtype)}, {_shape_string(tensor_shape)}).  "
-                                 f"Table '{table}' returned an item whose column '{path}' has "
-                                 f"dtype={column.dtype.name} shape={list(column.shape)}, but the dataset expects "
-                                 f"dtype={dtype.name} shape={shape}: pass dtypes and shapes that match the "
-                                 f"table's items (or build the dataset with from_table_signature).")
+        yield (see `_signature_checks.check_received`)."""
+        _signature_checks.check_received(columns, table, self._column_paths, self._column_dtypes,
+                                         self._column_shapes, self._reported_shapes)
 
     def _reported_shapes(self, index: int, column_shape: tuple) -> tuple:
         """(the requested shape, the item's shape) of column `index` as a mismatch reports them."""
@@ -358,7 +305,7 @@ class TrajectoryDataset(_lazy_dataset.LazyDatasetV1):
     def _empty_flat(self) -> list:
         """`_empty()` flat (see `_stack_flat`)."""
         data = [np.empty((0, *(0 if d is None else d for d in s.as_list())) if s.rank is not None else (0,),
-                         _numpy_dtype(dtype)) for dtype, s in zip(self._column_dtypes, self._column_shapes)]
+                         numpy_dtype(dtype)) for dtype, s in zip(self._column_dtypes, self._column_shapes)]
         return [*_info_arrays([]), *data]
 
     def _generate_batches(self, batch_size: Optional[int] = None, drop_remainder: bool = False, *,
@@ -431,23 +378,6 @@ class TrajectoryDataset(_lazy_dataset.LazyDatasetV1):
                 yield self._stack_flat(pending, None, table)
         finally:
             stream.close()
-
-
-def _type_name(dtype) -> str:
-    """A dtype as TensorFlow's C++ names it in messages (`float`, `double`, `string`, `int64`, ...)."""
-    if not isinstance(dtype, tf.DType):
-        dtype = tf.string if np.dtype(dtype) == np.dtype(object) else tf.as_dtype(dtype)
-    return _CC_TYPE_NAMES.get(dtype, dtype.name)
-
-
-_CC_TYPE_NAMES = {tf.float16: "half", tf.float32: "float", tf.float64: "double"}
-
-
-def _shape_string(shape: tf.TensorShape) -> str:
-    """A shape as TensorFlow's C++ writes it in messages: `[1,2]`, `[?,3]`, `[]`, `<unknown>`."""
-    if shape.rank is None:
-        return "<unknown>"
-    return "[" + ",".join("?" if d is None else str(d) for d in shape.as_list()) + "]"
 
 
 @tf.autograph.experimental.do_not_convert

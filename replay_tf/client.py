@@ -25,8 +25,10 @@ from replay_tf import _transport as transport_lib
 from replay_tf._leaves import leaf_array
 from replay_tf._transport import Transport
 from replay_tf._transport import set_connection_options  # noqa: F401  (a public name of this module)
+from replay_tf.legacy_writer import Writer
 from replay_tf.replay_sample import ReplaySample
 from replay_tf.replay_sample import SampleInfo
+from replay_tf.trajectory_writer import TrajectoryWriter
 from replay_tf.core.chunk_store import Chunk, ChunkSlice, Column, Item, SequenceRange, new_key
 
 
@@ -143,8 +145,6 @@ class Client:
 
     def trajectory_writer(self, num_keep_alive_refs: int, *, validate_items: bool = True):
         """A `TrajectoryWriter` keeping the last `num_keep_alive_refs` steps of each column referable."""
-        from replay_tf.trajectory_writer import TrajectoryWriter  # noqa: PLC0415
-
         if num_keep_alive_refs < 1:
             raise ValueError(f"num_keep_alive_refs ({num_keep_alive_refs}) must be a positive integer")
         signatures = self.server_info() if validate_items else None
@@ -160,8 +160,6 @@ class Client:
           ValueError: If `max_sequence_length` or `max_in_flight_items` is < 1, or `chunk_length` is not in
             [1, max_sequence_length].
         """
-        from replay_tf.legacy_writer import Writer  # noqa: PLC0415
-
         if max_sequence_length < 1:
             raise ValueError(f"max_sequence_length ({max_sequence_length}) must be a positive integer")
         if chunk_length is None:
@@ -176,7 +174,7 @@ class Client:
 
     def structured_writer(self, configs):
         """A `StructuredWriter` applying the pattern `configs` to every appended step."""
-        from replay_tf.structured_writer import StructuredWriter  # noqa: PLC0415
+        from replay_tf.structured_writer import StructuredWriter  # noqa: PLC0415  (imports TensorFlow)
 
         if not configs:
             raise ValueError("At least one config must be provided.")

@@ -17,6 +17,7 @@ import tensorflow as tf
 import tree
 
 from replay_tf import errors
+from replay_tf._signature_checks import type_name
 from replay_tf.client import Client
 from replay_tf.replay_sample import ReplaySample
 from replay_tf.replay_sample import SampleInfo
@@ -68,12 +69,6 @@ def _decode(table_name) -> str:
     if isinstance(table_name, np.ndarray):
         table_name = table_name.item()
     return table_name.decode() if isinstance(table_name, bytes) else str(table_name)
-
-
-def _type_name(dtype) -> str:
-    """A numpy or TF dtype as TensorFlow's C++ names it in messages (`float`, `double`, `string`, ...)."""
-    dtype = tf.string if np.dtype(dtype) == np.dtype(object) else tf.as_dtype(dtype)
-    return {tf.float16: "half", tf.float32: "float", tf.float64: "double"}.get(dtype, dtype.name)
 
 
 # The dtypes a sampled column may have, as `_type_mismatch_check` indexes them.
@@ -172,8 +167,8 @@ class TFClient:
                     columns = [np.array(b"", object) if d is object else np.zeros([], d) for d in numpy_dtypes]
                     break
                 if column.dtype != dtype:
-                    raise _TypeMismatch(f"Type mismatch: actual {_type_name(column.dtype)} vs. expect "
-                                        f"{_type_name(dtype)}. (Sampled item of table '{table_name}' has column {i} "
+                    raise _TypeMismatch(f"Type mismatch: actual {type_name(column.dtype)} vs. expect "
+                                        f"{type_name(dtype)}. (Sampled item of table '{table_name}' has column {i} "
                                         f"of dtype {column.dtype.name}, but data_dtypes expects "
                                         f"{np.dtype(dtype).name}.)")
             info = [np.uint64(item.key), np.float64(sampled.probability), np.int64(sampled.table_size),

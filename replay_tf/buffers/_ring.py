@@ -15,9 +15,9 @@ which makes each add a strided scatter; logical ids and windows are the same in 
 Concurrency. Any number of writers and readers. A writer claims its step id with an atomic
 fetch-and-add on `write_started` (`claim`) BEFORE it overwrites a slot, so concurrent writers always get
 distinct ids (and slots), and advances `last_id` with an atomic max AFTER it has written the slot.
-A reader samples from the windows valid for the `last_id` it read, gathers, then re-reads
-`write_started`: a window whose oldest step is `<= write_started - max_length` may have been
-overwritten during the gather, and is drawn again (see `stale_mask`). Each gather/scatter on a
+A reader (`sample_windows`) samples from the windows valid for the `last_id` it read, gathers,
+then re-reads `write_started`: a window whose oldest step is `<= write_started - max_length` may have
+been overwritten during the gather, and is drawn again (see `stale_mask`). Each gather/scatter on a
 variable holds the variable's lock, so a row is never half written. With several concurrent writers a
 newer step can be published while an older one is still being written (as in TF-Agents, which
 publishes the id before the data); with one writer at a time every published step is complete.
@@ -187,6 +187,38 @@ def stale_mask(state: RingState, starts, max_length: int, gathered) -> tf.Tensor
     with tf.control_dependencies(gathered):
         started = tf.raw_ops.ReadVariableOp(resource=handle, dtype=tf.int64)
     return starts <= started - max_length
+
+
+def sample_windows(state: RingState, n: int, num_steps, max_length: int, batch_size: int, draw_fn, assert_fn,
+                   num_values: int = 1):
+    """The reader side of the protocol above: draws `n` windows, gathers them, and redraws any window
+    overwritten by a concurrent writer during the gather.
+
+    `draw_fn(lo, hi)` -> (starts, segments, values) draws among the valid starts `[lo, hi)`; `values` is
+    a tuple of `num_values` float32 `[n]` tensors describing each draw (probabilities, ...), redrawn with
+    it. `assert_fn(lo, hi)` returns the check that `[lo, hi)` can be sampled. Returns
+    (flat, starts, segments, values).
+    """
+    def attempt(mask, starts, segments, values):
+        last_id = state.last_id.read_value()
+        lo, hi = valid_range(last_id, max_length, num_steps)
+        lo, hi = after([assert_fn(lo, hi)], lo, hi)
+        new_starts, new_segments, new_values = draw_fn(lo, hi)
+        starts = redraw(mask, new_starts, starts)
+        segments = redraw(mask, new_segments, segments)
+        values = tuple(redraw(mask, new, old) for new, old in zip(new_values, values))
+        rows = rows_for(starts, segments, num_steps, max_length, batch_size)
+        flat = gather(state, rows)
+        stale = stale_mask(state, starts, max_length, flat)
+        return stale, starts, segments, values, flat
+
+    zeros = tf.zeros([n], tf.int64)
+    first = attempt(tf.ones([n], tf.bool), zeros, zeros, (tf.zeros([n], tf.float32),) * num_values)
+    stale, starts, segments, values, flat = tf.while_loop(
+        lambda stale, *_: tf.reduce_any(stale),
+        lambda stale, s, g, v, f: attempt(stale, s, g, v),
+        first)
+    return flat, starts, segments, values
 
 
 def crosses_episode(state: RingState, starts, segments, num_steps, max_length: int, batch_size: int):

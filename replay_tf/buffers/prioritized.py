@@ -1,8 +1,9 @@
 """`PrioritizedReplayBuffer`: the uniform buffer's ring, sampled proportionally to priority**alpha.
 
-It wraps a `UniformReplayBuffer` (same constructor, storage, `add_batch`, `gather_all`, `clear`,
-`num_frames`, deterministic `as_dataset`) and adds a sum tree (`sum_tree.py`) with one leaf per
-storage row, i.e. per (segment, step) item.
+It composes a `UniformReplayBuffer` (same constructor; its ring state, `gather_all`, `num_frames` and
+deterministic `as_dataset`), a sum tree (`sum_tree.py`) with one leaf per storage row, i.e. per
+(segment, step) item, and the checks and execution of `_execution.py`; it writes and samples the ring
+with `_ring.py`'s functions.
 
 Items and ids. An item is a (segment, logical step) pair; its id is `step * batch_size + segment`
 (unique, increasing with insertion, and `id % capacity` is its storage row). With `num_steps=T`, the
@@ -41,6 +42,7 @@ from typing import Any, Callable
 import numpy as np
 import tensorflow as tf
 
+from replay_tf.buffers import _execution
 from replay_tf.buffers import _ring
 from replay_tf.buffers import sum_tree
 from replay_tf.buffers import uniform
@@ -84,6 +86,7 @@ class PrioritizedReplayBuffer(tf.Module):
         self._alpha = float(alpha)
         self._device, self._scope = device, scope
         self._functions: dict = self._no_dependency({})  # traced functions, not checkpointed
+        self._check_items = _execution.ItemChecker(data_spec, self._buffer.batch_size, episode_end_fn)
         capacity = self._buffer.batch_size * self._buffer.max_length
         # Largest leaf weight priority**alpha: the tree's sums of up to `capacity` leaves then stay below
         # float32's max with a factor 2 to spare for rounding, so no total ever overflows to inf (an inf
@@ -93,6 +96,7 @@ class PrioritizedReplayBuffer(tf.Module):
             self._sums = sum_tree.make(capacity, fanout=fanout, reduce="sum", name="sum_tree")
             self._max_priority = tf.Variable(1.0, trainable=False, name="max_priority")
             self._beta = tf.Variable(float(beta), trainable=False, name="beta")
+            self._draw_key = self._no_dependency(_execution.make_draw_key())  # see `get_next`
         self._samplers: dict = self._no_dependency({})  # (n, num_steps) -> XLA-compiled draw program
 
     # ----- delegated API -----
@@ -128,12 +132,12 @@ class PrioritizedReplayBuffer(tf.Module):
         self._beta.assign(value)
 
     def _run(self, name, fn, *args, tensors=(), jit_compile=False):
-        return uniform.run_in_graph(self, name, fn, *args, tensors=tensors, jit_compile=jit_compile)
+        return _execution.run_in_graph(self, name, fn, *args, tensors=tensors, jit_compile=jit_compile)
 
     # ----- writing -----
     def add_batch(self, items):
         """As `UniformReplayBuffer.add_batch`; the new items get the largest priority seen so far."""
-        tensors = self._buffer._add_inputs(items)
+        tensors = self._check_items(items)
         if tf.executing_eagerly():
             # From Python: one XLA program (storage updated in place), cheaper than a graph call of
             # the same ~30 small ops (tree levels, ring counters, one scatter per leaf).
@@ -142,13 +146,13 @@ class PrioritizedReplayBuffer(tf.Module):
         return self._run("add", self._add_impl, tensors=tensors)
 
     def _add_impl(self, *tensors):
-        batch_size = self._buffer.batch_size
-        value = tf.fill([batch_size], tf.pow(self._max_priority.read_value(), self._alpha))
+        buffer = self._buffer
+        value = tf.fill([buffer.batch_size], tf.pow(self._max_priority.read_value(), self._alpha))
         # The new rows' priorities are set once the step is claimed and before its data is written: a
         # reader never sees a new item with its predecessor's priority (one that drew the row in between
         # re-reads `write_started` after its gather and redraws it).
-        return self._buffer._add_impl(
-            *tensors, before_data=lambda rows: sum_tree.update(self._sums, rows, value, "sum"))
+        return _execution.add(buffer.state, buffer.data_spec, buffer.batch_size, buffer.max_length, tensors,
+                              before_data=lambda rows: sum_tree.update(self._sums, rows, value, "sum"))
 
     def clear(self):
         """Forgets all items and priorities (max priority back to 1.0)."""
@@ -251,17 +255,12 @@ class PrioritizedReplayBuffer(tf.Module):
         Returns:
           `(data, PrioritizedBufferInfo(ids, probabilities, importance_weights))`.
         """
-        sample_batch_size, num_steps = self._buffer._check_sample_args(sample_batch_size, num_steps,
-                                                                       empty_batch=True)
+        sample_batch_size, num_steps = _execution.check_sample_args(sample_batch_size, num_steps,
+                                                                    self._buffer.max_length, empty_batch=True)
         args = (sample_batch_size, num_steps, bool(time_stacked))
         if tf.executing_eagerly() and self._buffer.state.episode_index is None:
-            # From Python: the whole sample as one XLA program, its draws keyed by the uniform buffer's
-            # `_draw_key` (see `UniformReplayBuffer.get_next`).
-            seed, op_seed = tf.compat.v1.random.get_seed(None)
-            if seed is not None:
-                tf.raw_ops.AssignVariableOp(resource=self._buffer._draw_key.handle,
-                                            value=np.array([seed, op_seed], np.int64))
-            return uniform.sample_from_python(self, self._get_next_impl, args, xla_args=(*args, True))
+            # From Python: the whole sample as one XLA program, its draws keyed by `_draw_key`.
+            return _execution.sample_from_python(self, self._get_next_impl, args, self._draw_key)
         return self._run("get_next", self._get_next_impl, *args)
 
     def _smallest_stored(self):
@@ -374,38 +373,29 @@ class PrioritizedReplayBuffer(tf.Module):
         return bad, starts, segments
 
     def _get_next_impl(self, sample_batch_size, num_steps, time_stacked, keyed: bool = False):
-        """`keyed`: the draw's seed is the uniform buffer's `_draw_key` (advanced by one per call), for
+        """`keyed`: the draw's seed comes from `_draw_key` (advanced by one per call), for
         the eager path's XLA program; else a stateful op draws it (outside the draw's XLA program).
 
         XLA ignores the seeds of stateful random ops, and TF warns when it compiles one, so the draw
         itself is stateless either way; both seeds follow tf.random.set_seed like TF-Agents' stateful draws.
         """
         if keyed:
-            seed = self._buffer._draw_key.assign_add(tf.constant([0, 1], tf.int64))
+            seed = _execution.next_draw_seed(self._draw_key)
         else:
             seed = tf.random.uniform([2], 0, tf.int64.max, tf.int64)
         buffer = self._buffer
         n = 1 if sample_batch_size is None else sample_batch_size
-        flat, starts, segments, (probabilities, weights) = buffer._sample_windows(
-            n, num_steps, lambda lo, hi: self._draw(n, lo, hi, num_steps, seed),
-            lambda lo, hi: buffer._assert_can_sample(lo, hi, num_steps), num_values=2)
+        flat, starts, segments, (probabilities, weights) = _ring.sample_windows(
+            buffer.state, n, num_steps, buffer.max_length, buffer.batch_size,
+            lambda lo, hi: self._draw(n, lo, hi, num_steps, seed),
+            lambda lo, hi: _execution.assert_can_sample(lo, hi, num_steps), num_values=2)
         # ids -1 flag a sample drawn while nothing could be sampled: only reachable under XLA, where the
-        # asserts are compiled out.
-        ids_start = tf.where(probabilities > 0, starts * buffer.batch_size + segments, -1)
-        data, info = buffer._package(flat, starts, [probabilities, weights], sample_batch_size, num_steps,
-                                     time_stacked, info_type=lambda ids, p, w: (ids, p, w))
-        del info  # ids below are item ids, not the uniform buffer's step ids
-        if num_steps is None:
-            ids = ids_start
-        else:
-            ids = tf.where(ids_start[:, None] >= 0,
-                           ids_start[:, None] + tf.range(num_steps, dtype=tf.int64) * buffer.batch_size, -1)
-        probabilities, weights = probabilities, weights
-        if sample_batch_size is None:
-            ids, probabilities, weights = ids[0], probabilities[0], weights[0]
-        if num_steps is not None and not time_stacked:
-            axis = 1 if sample_batch_size is not None else 0
-            ids = tuple(tf.gather(ids, i, axis=axis) for i in range(num_steps))
+        # asserts are compiled out. An item's id is `step * batch_size + segment`: a window's ids step
+        # by `batch_size`.
+        first_ids = tf.where(probabilities > 0, starts * buffer.batch_size + segments, -1)
+        ids = _execution.window_ids(first_ids, num_steps, stride=buffer.batch_size)
+        data, ids, (probabilities, weights) = _execution.package(
+            buffer.data_spec, flat, ids, [probabilities, weights], sample_batch_size, num_steps, time_stacked)
         return data, PrioritizedBufferInfo(ids, probabilities, weights)
 
     def as_dataset(self, sample_batch_size: int | None = None, num_steps: int | None = None,
@@ -415,9 +405,10 @@ class PrioritizedReplayBuffer(tf.Module):
         the uniform buffer's (every stored step once, TF-Agents' ids, no priorities involved)."""
         if single_deterministic_pass:
             return self._buffer.as_dataset(sample_batch_size, num_steps, num_parallel_calls, True)
-        self._buffer._check_list_free_spec()
-        sample_batch_size, num_steps = self._buffer._check_sample_args(sample_batch_size, num_steps)
-        chunk = sample_batch_size or uniform._UNBATCHED_CHUNK
+        _execution.check_list_free_spec(self._buffer.data_spec)
+        sample_batch_size, num_steps = _execution.check_sample_args(sample_batch_size, num_steps,
+                                                                    self._buffer.max_length)
+        chunk = sample_batch_size or _execution.UNBATCHED_CHUNK
 
         def fn(_):
             with tf.device(self._device), tf.name_scope(self._scope):

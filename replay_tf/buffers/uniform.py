@@ -29,10 +29,10 @@ from __future__ import annotations
 import collections
 from typing import Any, Callable
 
-import numpy as np
 import tensorflow as tf
 
 from replay_tf import specs
+from replay_tf.buffers import _execution
 from replay_tf.buffers import _ring
 
 BufferInfo = collections.namedtuple("BufferInfo", ["ids", "probabilities"])
@@ -42,12 +42,8 @@ ids: logical step ids of the sampled items (shape `[B]`, `[B, T]`, or a tuple of
 probabilities: the probability with which each sample was drawn (`[B]`).
 """
 
-# TF-Agents' error texts (InvalidArgumentError when the op runs), which code written for it matches on.
-_EMPTY_SAMPLE_MESSAGE = "TFUniformReplayBuffer is empty. Make sure to add items before sampling the buffer."
+# TF-Agents' error text (InvalidArgumentError when the op runs), which code written for it matches on.
 _EMPTY_READ_MESSAGE = "TFUniformReplayBuffer is empty. Make sure to add items before asking the buffer for data."
-
-# Samples drawn per map call by the unbatched `as_dataset()`: amortizes the per-element tf.data cost.
-_UNBATCHED_CHUNK = 128
 
 
 def end_of_episode_from_step_type(items) -> tf.Tensor:
@@ -108,16 +104,12 @@ class UniformReplayBuffer(tf.Module):
         self._stateful_dataset = stateful_dataset
         self._episode_end_fn = episode_end_fn
         self._functions: dict = self._no_dependency({})  # traced functions, not checkpointed
-        self._expected_leaves = None
+        self._check_items = _execution.ItemChecker(data_spec, self._batch_size, episode_end_fn)
         with tf.device(device), tf.name_scope(scope):
             self._state = _ring.make_state(data_spec, self._batch_size, self._max_length,
                                            episode_aware=episode_end_fn is not None)
             self._capacity = tf.constant(self._batch_size * self._max_length, tf.int64)
-            # Key of the stateless draws of `get_next` called from Python (not checkpointed: a stream
-            # position, not buffer contents). [key, counter]; see `get_next`.
-            self._draw_key = self._no_dependency(tf.Variable(
-                np.array([np.random.default_rng().integers(2 ** 62), 0], np.int64), trainable=False,
-                name="draw_key"))
+            self._draw_key = self._no_dependency(_execution.make_draw_key())  # see `get_next`
 
     # ----- properties (TF-Agents names) -----
     @property
@@ -170,7 +162,7 @@ class UniformReplayBuffer(tf.Module):
 
     # ----- execution helper -----
     def _run(self, name: str, fn: Callable, *args, tensors=(), jit_compile: bool = False):
-        return run_in_graph(self, name, fn, *args, tensors=tensors, jit_compile=jit_compile)
+        return _execution.run_in_graph(self, name, fn, *args, tensors=tensors, jit_compile=jit_compile)
 
     # ----- writing -----
     def add_batch(self, items):
@@ -188,7 +180,7 @@ class UniformReplayBuffer(tf.Module):
           TypeError: wrong structure or dtype. ValueError: wrong shape or outer dimension. The message
           names the nested path, the expected and the received value.
         """
-        tensors = self._add_inputs(items)
+        tensors = self._check_items(items)
         if tf.executing_eagerly():
             # From Python (a collect loop): one XLA program, storage updated in place. It costs less
             # than a graph call of the same ops and than the ~8 eager raw ops of the add. Inside a
@@ -197,62 +189,8 @@ class UniformReplayBuffer(tf.Module):
             return None
         return self._run("add", self._add_impl, tensors=tensors)
 
-    def _add_inputs(self, items) -> tuple:
-        """Validated flat leaves of `items` (+ the episode-end flags when episode-aware)."""
-        flat = self._validated_fast(items)
-        if flat is None:
-            # numpy and Python leaves are cast to the spec's dtypes, as TF-Agents stores them.
-            flat = specs.validate(items, self._data_spec, outer_dims=[self._batch_size], root="items", cast=True)
-        extra = ()
-        if self._episode_end_fn is not None:
-            ends = tf.convert_to_tensor(self._episode_end_fn(items))
-            if ends.shape.rank is not None and ends.shape.as_list() != [self._batch_size]:
-                raise ValueError(f"episode_end_fn must return a bool [batch_size={self._batch_size}] "
-                                 f"tensor, got shape {ends.shape}")
-            extra = (tf.cast(ends, tf.bool),)
-        return tuple(flat) + extra
-
-    def _validated_fast(self, items):
-        """The flat leaves if `items` are eager tensors of exactly the spec's dtypes and batch shapes.
-
-        The common case of a collect loop, checked in a few microseconds; anything else (numpy,
-        symbolic tensors, mismatches) returns None and goes through `specs.validate` for its errors.
-        """
-        if not tf.executing_eagerly():
-            return None
-        try:
-            tf.nest.assert_same_structure(items, self._data_spec, check_types=False)
-        except (TypeError, ValueError):
-            return None
-        flat = tf.nest.flatten(items)
-        expected = self._expected_leaves
-        if expected is None:
-            expected = self._expected_leaves = [
-                (leaf.dtype, tuple([self._batch_size] + leaf.shape.as_list()))
-                for leaf in tf.nest.flatten(self._data_spec)]
-        for value, (dtype, shape) in zip(flat, expected):
-            if not isinstance(value, tf.Tensor) or value.dtype != dtype or tuple(value.shape) != shape:
-                return None
-        return flat
-
-    def _add_impl(self, *tensors, before_data=None):
-        """The add; `before_data`: as `_ring.write` (runs once the step id is claimed)."""
-        flat = list(tensors[:len(self._state.storage)])
-        ends = tensors[-1] if self._episode_end_fn is not None else None
-        # Dimensions unknown while tracing are checked when the graph runs (EnsureShape feeds the write,
-        # so a wrong batch fails before anything is written).
-        # The checks run one after another in flatten order, so a wrong batch is always reported for the
-        # same (first) leaf rather than for whichever check TF happens to schedule first.
-        checks = []
-        for i, (value, leaf) in enumerate(zip(flat, tf.nest.flatten(self._data_spec))):
-            expected = tf.TensorShape([self._batch_size]).concatenate(leaf.shape)
-            if not value.shape.is_fully_defined():
-                with tf.control_dependencies(checks[-1:]):
-                    flat[i] = tf.ensure_shape(value, expected)
-                checks.append(flat[i])  # the step id is claimed only after the shape check passed
-        published, _ = _ring.write(self._state, flat, self._batch_size, self._max_length, ends, deps=checks,
-                                   before_data=before_data)
-        return tf.group(published)
+    def _add_impl(self, *tensors):
+        return _execution.add(self._state, self._data_spec, self._batch_size, self._max_length, tensors)
 
     def clear(self):
         """Forgets all items (the storage is left in place, as TF-Agents' `clear()`)."""
@@ -294,34 +232,6 @@ class UniformReplayBuffer(tf.Module):
                                                           * self._batch_size, self._capacity))
 
     # ----- sampling -----
-    def _check_sample_args(self, sample_batch_size, num_steps, empty_batch: bool = False):
-        """Static `(sample_batch_size, num_steps)`; `empty_batch`: a `sample_batch_size` of 0 is allowed
-        (`get_next` returns an empty batch, as TF-Agents does)."""
-        def static(value, name, least=1):
-            if value is None:
-                return None
-            # Python ints skip tf.get_static_value (its tensor-type checks are slow next to the rest).
-            static_value = value if type(value) is int else tf.get_static_value(value)
-            if static_value is None:
-                raise TypeError(f"{name} must be a Python int (or a constant tensor), got {value!r}")
-            static_value = int(static_value)
-            if static_value < least:
-                raise ValueError(f"{name} ({static_value}) must be >= {least}")
-            return static_value
-        sample_batch_size = static(sample_batch_size, "sample_batch_size", 0 if empty_batch else 1)
-        num_steps = static(num_steps, "num_steps")
-        if num_steps is not None and num_steps > self._max_length:
-            raise ValueError(f"num_steps ({num_steps}) must be <= max_length ({self._max_length}): a window "
-                             f"cannot be longer than one ring segment")
-        return sample_batch_size, num_steps
-
-    def _assert_can_sample(self, lo, hi, num_steps):
-        # TF-Agents' text first (its tests and users match on it; it says "empty" for too-few-steps too).
-        return tf.debugging.assert_greater(
-            hi, lo, message=(f"{_EMPTY_SAMPLE_MESSAGE} (no valid window to sample: it is empty or holds "
-                             f"fewer than num_steps ({num_steps or 1}) steps per segment; add items with "
-                             f"add_batch first)"))
-
     def _draw(self, n: int, lo, hi, num_steps, seed=None):
         """Uniform (segment, start) pairs over valid windows; episode-aware: redraws windows that cross.
 
@@ -367,32 +277,6 @@ class UniformReplayBuffer(tf.Module):
                                                 self._batch_size)
         return tf.math.divide_no_nan(tf.constant(1.0, tf.float32), tf.cast(count, tf.float32))
 
-    def _sample_windows(self, n: int, num_steps, draw_fn, assert_fn, num_values: int = 1):
-        """Draws `n` windows with `draw_fn(lo, hi)` -> (starts, segments, values), gathers them, and redraws
-        any window overwritten by a concurrent writer during the gather. `values`: a tuple of
-        `num_values` float32 `[n]` tensors describing each draw (probabilities, ...), redrawn with it.
-        Returns (flat, starts, segments, values)."""
-        def attempt(mask, starts, segments, values):
-            last_id = self._state.last_id.read_value()
-            lo, hi = _ring.valid_range(last_id, self._max_length, num_steps)
-            lo, hi = _ring.after([assert_fn(lo, hi)], lo, hi)
-            new_starts, new_segments, new_values = draw_fn(lo, hi)
-            starts = _ring.redraw(mask, new_starts, starts)
-            segments = _ring.redraw(mask, new_segments, segments)
-            values = tuple(_ring.redraw(mask, new, old) for new, old in zip(new_values, values))
-            rows = _ring.rows_for(starts, segments, num_steps, self._max_length, self._batch_size)
-            flat = _ring.gather(self._state, rows)
-            stale = _ring.stale_mask(self._state, starts, self._max_length, flat)
-            return stale, starts, segments, values, flat
-
-        zeros = tf.zeros([n], tf.int64)
-        first = attempt(tf.ones([n], tf.bool), zeros, zeros, (tf.zeros([n], tf.float32),) * num_values)
-        stale, starts, segments, values, flat = tf.while_loop(
-            lambda stale, *_: tf.reduce_any(stale),
-            lambda stale, s, g, v, f: attempt(stale, s, g, v),
-            first)
-        return flat, starts, segments, values
-
     def get_next(self, sample_batch_size: int | None = None, num_steps: int | None = None,
                  time_stacked: bool = True):
         """Samples uniformly over (segment, valid start) pairs, with replacement (as TF-Agents).
@@ -407,59 +291,32 @@ class UniformReplayBuffer(tf.Module):
           TF-Agents). InvalidArgumentError (when run): no valid window (empty
           buffer, or fewer than `num_steps` steps per segment).
         """
-        sample_batch_size, num_steps = self._check_sample_args(sample_batch_size, num_steps, empty_batch=True)
+        sample_batch_size, num_steps = _execution.check_sample_args(sample_batch_size, num_steps,
+                                                                    self._max_length, empty_batch=True)
         args = (sample_batch_size, num_steps, bool(time_stacked))
         if tf.executing_eagerly() and self._episode_end_fn is None:
-            # From Python: the whole sample as one XLA program; its gathers write straight into the
-            # outputs and its ~50 index ops fuse (cheaper than a graph call).
-            # XLA's stateful random ops ignore TF's seeds, so the draw is stateless, keyed by
-            # `_draw_key`, which follows tf.random.set_seed like a stateful op's seeds would.
-            seed, op_seed = tf.compat.v1.random.get_seed(None)
-            if seed is not None:
-                tf.raw_ops.AssignVariableOp(resource=self._draw_key.handle,
-                                            value=np.array([seed, op_seed], np.int64))
-            return sample_from_python(self, self._get_next_impl, args, xla_args=(*args, True))
+            # From Python: the whole sample as one XLA program, its draws keyed by `_draw_key`.
+            return _execution.sample_from_python(self, self._get_next_impl, args, self._draw_key)
         return self._run("get_next", self._get_next_impl, *args)
 
     def _get_next_impl(self, sample_batch_size, num_steps, time_stacked, keyed: bool = False):
         """`keyed`: draw with stateless ops keyed by `_draw_key` (advanced by one per call)."""
         n = 1 if sample_batch_size is None else sample_batch_size
-        seed = self._draw_key.assign_add(tf.constant([0, 1], tf.int64)) if keyed else None
+        seed = _execution.next_draw_seed(self._draw_key) if keyed else None
 
         def draw_fn(lo, hi):
             starts, segments = self._draw(n, lo, hi, num_steps, seed)
             return starts, segments, (tf.fill([n], self._probability(lo, hi, num_steps)),)
 
-        flat, starts, _, (probs,) = self._sample_windows(
-            n, num_steps, draw_fn, lambda lo, hi: self._assert_can_sample(lo, hi, num_steps))
+        flat, starts, _, (probs,) = _ring.sample_windows(
+            self._state, n, num_steps, self._max_length, self._batch_size, draw_fn,
+            lambda lo, hi: _execution.assert_can_sample(lo, hi, num_steps))
         starts = tf.where(probs > 0, starts, -1)  # only reachable under XLA (see _draw)
-        return self._package(flat, starts, [probs], sample_batch_size, num_steps, time_stacked)
-
-    def _package(self, flat, starts, info_values, sample_batch_size, num_steps, time_stacked,
-                 info_type=BufferInfo):
-        """Shapes gathered leaves and ids as TF-Agents returns them."""
-        if num_steps is None:
-            ids = starts
-        else:  # a flagged start (-1) flags its whole window
-            ids = tf.where(starts[:, None] >= 0, starts[:, None] + tf.range(num_steps, dtype=tf.int64), -1)
-        if sample_batch_size is None:
-            flat = [t[0] for t in flat]
-            ids = ids[0]
-            info_values = [v[0] for v in info_values]
-        data = specs.pack_sequence_as(self._data_spec, flat)
-        if num_steps is not None and not time_stacked:
-            axis = 1 if sample_batch_size is not None else 0
-            data = tuple(tf.nest.map_structure(lambda t, i=i: tf.gather(t, i, axis=axis), data)
-                         for i in range(num_steps))
-            ids = tuple(tf.gather(ids, i, axis=axis) for i in range(num_steps))
-        return data, info_type(ids, *info_values)
+        data, ids, (probs,) = _execution.package(self._data_spec, flat, _execution.window_ids(starts, num_steps),
+                                                 [probs], sample_batch_size, num_steps, time_stacked)
+        return data, BufferInfo(ids, probs)
 
     # ----- datasets and full reads -----
-    def _check_list_free_spec(self):
-        if any(isinstance(s, list) for s in _all_nodes(self._data_spec)):
-            raise ValueError(f"as_dataset: data_spec contains Python lists, which tf.data would stack into "
-                             f"one tensor; use tuples instead. Spec:\n{specs.describe(self._data_spec, 'spec')}")
-
     def as_dataset(self, sample_batch_size: int | None = None, num_steps: int | None = None,
                    num_parallel_calls: int | None = None, single_deterministic_pass: bool = False
                    ) -> tf.data.Dataset:
@@ -467,11 +324,11 @@ class UniformReplayBuffer(tf.Module):
 
         `single_deterministic_pass=False`: an infinite dataset of `get_next(sample_batch_size, num_steps)`
         draws that reads the live buffer. With `sample_batch_size=None` samples are drawn
-        `_UNBATCHED_CHUNK` at a time while the buffer does not change, which keeps `.batch(256)` after it
-        fast; a chunk is redrawn as soon as an add or a clear has moved `last_id`, so each element (and
-        its probability) reflects the buffer when it is produced, as in TF-Agents. That check is a
-        tf.data function call per element; `as_dataset(sample_batch_size=N)` draws whole batches
-        without it, and is the fast way to sample batches.
+        `_execution.UNBATCHED_CHUNK` at a time while the buffer does not change, which keeps
+        `.batch(256)` after it fast; a chunk is redrawn as soon as an add or a clear has moved `last_id`,
+        so each element (and its probability) reflects the buffer when it is produced, as in TF-Agents.
+        That check is a tf.data function call per element; `as_dataset(sample_batch_size=N)` draws whole
+        batches without it, and is the fast way to sample batches.
 
         `single_deterministic_pass=True`: every stored step once, segment by segment in time order (with
         `sample_batch_size`, `sample_batch_size` segments side by side), windowed by `num_steps` with
@@ -485,14 +342,14 @@ class UniformReplayBuffer(tf.Module):
             TF-Agents' text). InvalidArgumentError (when iterated): an empty buffer, with TF-Agents' text
             "TFUniformReplayBuffer is empty. Make sure to add items ...".
         """
-        self._check_list_free_spec()
+        _execution.check_list_free_spec(self._data_spec)
         static_steps = num_steps if num_steps is None or type(num_steps) is int else tf.get_static_value(num_steps)
         if (single_deterministic_pass and self._dataset_drop_remainder and static_steps is not None
                 and static_steps > self._max_length):
             raise ValueError(f"num_steps_size ({static_steps}) > self.max_length ({self._max_length}) and "
                              f"dataset_drop_remainder is True.  In this case, ALL data will be dropped by the "
                              f"deterministic dataset. Lower num_steps to <= {self._max_length}.")
-        sample_batch_size, num_steps = self._check_sample_args(sample_batch_size, num_steps)
+        sample_batch_size, num_steps = _execution.check_sample_args(sample_batch_size, num_steps, self._max_length)
         if single_deterministic_pass:
             return self._deterministic_dataset(sample_batch_size, num_steps, num_parallel_calls)
         if sample_batch_size is None:
@@ -501,19 +358,21 @@ class UniformReplayBuffer(tf.Module):
                                              num_parallel_calls=num_parallel_calls)
 
     def _unbatched_dataset(self, num_steps, num_parallel_calls):
-        """Single samples that each reflect the live buffer, drawn `_UNBATCHED_CHUNK` at a time.
+        """Single samples that each reflect the live buffer, drawn `_execution.UNBATCHED_CHUNK` at a time.
 
         Every sample of a chunk carries the `last_id` the chunk was drawn at; when a sample is produced,
         one whose chunk predates the current `last_id` (an add or a clear since the draw) is dropped, so
         the rest of that chunk is skipped and a new one drawn. Each element is then a uniform draw over
         the buffer as it is when the element is produced, with that moment's probability (as TF-Agents'
-        one `get_next` per element); a static buffer pays one draw per `_UNBATCHED_CHUNK` elements and
-        two small per-element functions (the check, and dropping the carried fields). The first sample
-        of a chunk is always kept, so a writer adding faster than chunks are drawn cannot starve the
-        reader. With `num_parallel_calls`, chunks are drawn ahead, as TF-Agents' samples are. (A `clear()` followed by exactly as many adds as the chunk had seen restores its
+        one `get_next` per element); a static buffer pays one draw per chunk and two small per-element
+        functions (the check, and dropping the carried fields). The first sample of a chunk is always
+        kept, so a writer adding faster than chunks are drawn cannot starve the reader. With
+        `num_parallel_calls`, chunks are drawn ahead, as TF-Agents' samples are. (A `clear()` followed
+        by exactly as many adds as the chunk had seen restores its
         `last_id`; the rest of that chunk is then served from before the clear.)
         """
-        draw = self._get_next_fn_for_dataset(_UNBATCHED_CHUNK, num_steps)
+        size = _execution.UNBATCHED_CHUNK
+        draw = self._get_next_fn_for_dataset(size, num_steps)
         last_id = self._state.last_id
 
         def read_last_id():
@@ -523,7 +382,7 @@ class UniformReplayBuffer(tf.Module):
         def chunk(i):
             drawn_at = read_last_id()  # read first: a later add makes the chunk stale, never fresh
             data, info = draw(i)
-            return data, info, tf.fill([_UNBATCHED_CHUNK], drawn_at), tf.range(_UNBATCHED_CHUNK)
+            return data, info, tf.fill([size], drawn_at), tf.range(size)
 
         def live(data, info, drawn_at, position):
             return tf.logical_or(tf.equal(position, 0), tf.equal(drawn_at, read_last_id()))
@@ -596,56 +455,6 @@ class UniformReplayBuffer(tf.Module):
         segments = tf.range(self._batch_size, dtype=tf.int64)
         rows = _ring.rows_for(ids[None, :], segments[:, None], None, self._max_length, self._batch_size)
         return specs.pack_sequence_as(self._data_spec, _ring.gather(self._state, rows))
-
-
-def sample_from_python(owner, fn: Callable, args: tuple, xla_args: tuple):
-    """A buffer's `get_next` called from Python: `fn(*xla_args)` as one XLA program (a graph function
-    if the spec has dtypes XLA lacks, which raises errors itself), unless the sample comes back flagged
-    impossible (some probability 0: XLA compiles asserts out) or empty (nothing to flag it: an empty
-    buffer must still raise); then `fn(*args)` in graph mode, which raises the error."""
-    out = run_in_graph(owner, "get_next", fn, *xla_args, jit_compile=True)
-    probabilities = out[1].probabilities.numpy()
-    if probabilities.size and np.min(probabilities) > 0:
-        return out
-    return run_in_graph(owner, "get_next", fn, *args)
-
-
-def run_in_graph(owner, name: str, fn: Callable, *args, tensors=(), jit_compile: bool = False):
-    """Runs `fn(*args, *tensors)` in graph mode under `owner`'s device and name scope.
-
-    Inside a trace (a user's tf.function, a tf.data function) `fn` is called directly. Eagerly, it runs
-    as a ConcreteFunction (XLA-compiled if `jit_compile` and XLA can handle every dtype of
-    `owner.data_spec`) cached on `owner._functions` per (name, args, jit_compile, tensor dtypes and
-    shapes). A traced Operation result (an add) is dropped: a tf.function cannot return one, and its
-    side effects run all the same.
-    """
-    if not tf.executing_eagerly():
-        with tf.device(owner._device), tf.name_scope(owner._scope):
-            return fn(*args, *tensors)
-    # Calls from Python are the hot path (one per add / sample): keep one ConcreteFunction per
-    # (name, args, input dtypes and shapes) and call it directly, skipping tf.function's dispatch.
-    key = (name, args, jit_compile, tuple((t.dtype, tuple(t.shape)) for t in tensors))
-    concrete = owner._functions.get(key)
-    if concrete is None:
-        def run(*ts):
-            with tf.device(owner._device), tf.name_scope(owner._scope):
-                out = fn(*args, *ts)
-            return None if isinstance(out, tf.Operation) else out
-        # XLA has no strings (nor variants, resources): such specs run as plain graph functions.
-        jit_compile = jit_compile and _ring.xla_compatible(owner.data_spec)
-        concrete = owner._functions[key] = tf.function(run, autograph=False, jit_compile=jit_compile
-                                                       ).get_concrete_function(*tensors)
-    return concrete(*tensors)
-
-
-def _all_nodes(nest):
-    yield nest
-    if isinstance(nest, dict):
-        for v in nest.values():
-            yield from _all_nodes(v)
-    elif isinstance(nest, (list, tuple)):
-        for v in nest:
-            yield from _all_nodes(v)
 
 
 TFUniformReplayBuffer = UniformReplayBuffer

@@ -88,6 +88,21 @@ def _default_end_episode_fn(items):
                     f"EpisodicReplayBuffer?  Saw: '{items}'")
 
 
+def _episode_ids_shape(num_episodes, capacity: int) -> tuple:
+    """Shape of the ids of `num_episodes` episodes written side by side: `()` (one scalar id) for None or
+    a count <= 0, else `(num_episodes,)`.
+
+    Raises:
+      ValueError: `num_episodes` > `capacity` (TF-Agents' text).
+    """
+    if num_episodes is None or num_episodes <= 0:
+        return ()
+    if num_episodes > capacity:
+        raise ValueError(f"Buffer cannot create episode_ids when num_episodes {num_episodes} > capacity "
+                         f"{capacity}.")
+    return (num_episodes,)
+
+
 def _scatter(variable: tf.Variable, indices, values):
     """`variable[indices] = values`; the result is for control dependencies."""
     return variable.scatter_update(tf.IndexedSlices(values, indices))
@@ -187,12 +202,7 @@ class EpisodicReplayBuffer(tf.Module):
             if num_episodes.shape.rank != 0:
                 raise ValueError(f"num_episodes must be a scalar, but saw shape: {num_episodes.shape}")
             return tf.fill([num_episodes], tf.constant(_INVALID_EPISODE_ID, tf.int64), name="episode_id")
-        shape = ()
-        if num_episodes is not None and num_episodes > 0:
-            if num_episodes > self.capacity:
-                raise ValueError(f"Buffer cannot create episode_ids when num_episodes {num_episodes} > capacity "
-                                 f"{self.capacity}.")
-            shape = (num_episodes,)
+        shape = _episode_ids_shape(num_episodes, self.capacity)
         return tf.constant(_INVALID_EPISODE_ID, shape=shape, dtype=tf.int64, name="episode_id")
 
     def _location(self, episode_ids):
@@ -540,12 +550,7 @@ class StatefulEpisodicReplayBuffer(tf.Module):
         super().__init__()
         if not isinstance(replay_buffer, EpisodicReplayBuffer):
             raise TypeError(f"Expected an EpisodicReplayBuffer, saw {replay_buffer}")
-        shape = ()
-        if num_episodes and num_episodes > 0:
-            if num_episodes > replay_buffer.capacity:
-                raise ValueError(f"Buffer cannot create episode_ids when num_episodes {num_episodes} > capacity "
-                                 f"{replay_buffer.capacity}.")
-            shape = (num_episodes,)
+        shape = _episode_ids_shape(num_episodes, replay_buffer.capacity)
         self._replay_buffer = replay_buffer
         self._episode_ids_var = tf.Variable(tf.fill(shape, tf.constant(_INVALID_EPISODE_ID, tf.int64)),
                                             trainable=False, name="episode_id")
@@ -565,20 +570,20 @@ class StatefulEpisodicReplayBuffer(tf.Module):
 
     def add_batch(self, items) -> tf.Tensor:
         """`EpisodicReplayBuffer.add_batch(items, self.episode_ids)`, keeping the returned ids."""
-        new_ids = self._replay_buffer.add_batch(items=items, episode_ids=self._episode_ids_var.read_value())
-        with tf.control_dependencies([self._episode_ids_var.assign(new_ids, read_value=False)]):
-            return tf.identity(new_ids)
+        return self._keep(self._replay_buffer.add_batch(items=items, episode_ids=self._episode_ids_var.read_value()))
 
     def add_sequence(self, items) -> tf.Tensor:
         """`EpisodicReplayBuffer.add_sequence(items, self.episode_ids)`, keeping the returned id."""
-        new_id = self._replay_buffer.add_sequence(items=items, episode_id=self._episode_ids_var.read_value())
-        with tf.control_dependencies([self._episode_ids_var.assign(new_id, read_value=False)]):
-            return tf.identity(new_id)
+        return self._keep(self._replay_buffer.add_sequence(items=items,
+                                                           episode_id=self._episode_ids_var.read_value()))
 
     def extend_episodes(self, episode_ids_indices, episodes: Episodes) -> tf.Tensor:
         """`EpisodicReplayBuffer.extend_episodes(self.episode_ids, ...)`, keeping the returned ids."""
-        new_ids = self._replay_buffer.extend_episodes(self._episode_ids_var.read_value(), episode_ids_indices,
-                                                      episodes)
+        return self._keep(self._replay_buffer.extend_episodes(self._episode_ids_var.read_value(),
+                                                              episode_ids_indices, episodes))
+
+    def _keep(self, new_ids) -> tf.Tensor:
+        """`new_ids`, once stored in `episode_ids`."""
         with tf.control_dependencies([self._episode_ids_var.assign(new_ids, read_value=False)]):
             return tf.identity(new_ids)
 

@@ -44,6 +44,7 @@ import tensorflow as tf
 
 from replay_tf.buffers import _execution
 from replay_tf.buffers import _ring
+from replay_tf.buffers import replay_buffer
 from replay_tf.buffers import sum_tree
 from replay_tf.buffers import uniform
 
@@ -58,8 +59,10 @@ _ALL_ZERO_MESSAGE = ("PrioritizedReplayBuffer: every valid window has priority 0
 _NOT_FOUND_MESSAGE = f"PrioritizedReplayBuffer: no valid window found in {_MAX_REJECTION_ROUNDS} rounds"
 
 
-class PrioritizedReplayBuffer(tf.Module):
+class PrioritizedReplayBuffer(replay_buffer.ReplayBuffer):
     """Prioritized replay with the `UniformReplayBuffer` interface plus `update_priorities`.
+
+    A `ReplayBuffer`, as `UniformReplayBuffer`; its spec, capacity and options are the wrapped buffer's.
 
     Args:
       data_spec, batch_size, max_length, scope, device, table_fn, dataset_drop_remainder,
@@ -75,7 +78,7 @@ class PrioritizedReplayBuffer(tf.Module):
                  dataset_window_shift: int | None = None, stateful_dataset: bool = False, *,
                  alpha: float = 0.6, beta: float = 0.4, episode_end_fn: Callable | None = None,
                  fanout: int = 32):
-        super().__init__(name=None)
+        super().__init__(self._no_dependency(data_spec), None, stateful_dataset)  # as UniformReplayBuffer
         if not alpha >= 0:
             raise ValueError(f"alpha ({alpha}) must be >= 0")
         if not beta >= 0:

@@ -2,8 +2,8 @@
 
 A subclass implements the `_`-prefixed methods (`_add_batch`, `_get_next`, `_as_dataset`,
 `_single_deterministic_pass_dataset`, `_gather_all`, `_clear`, `_num_frames`); the public methods, with
-TF-Agents' names and arguments, call them. The buffers of this package implement the public methods
-themselves and do not derive from it.
+TF-Agents' names and arguments, call them. `UniformReplayBuffer` and `PrioritizedReplayBuffer` derive
+from it, as TF-Agents' `TFUniformReplayBuffer` does, and implement the public methods themselves.
 """
 from __future__ import annotations
 

@@ -34,6 +34,7 @@ import tensorflow as tf
 from replay_tf import specs
 from replay_tf.buffers import _execution
 from replay_tf.buffers import _ring
+from replay_tf.buffers import replay_buffer
 
 BufferInfo = collections.namedtuple("BufferInfo", ["ids", "probabilities"])
 BufferInfo.__doc__ = """Sample metadata, as TF-Agents' `replay_buffer.BufferInfo`.
@@ -63,8 +64,10 @@ def end_of_episode_from_is_last(items) -> tf.Tensor:
     return tf.cast(items["is_last"], tf.bool)
 
 
-class UniformReplayBuffer(tf.Module):
+class UniformReplayBuffer(replay_buffer.ReplayBuffer):
     """Uniform replay buffer with TF-Agents' `TFUniformReplayBuffer` interface.
+
+    A `ReplayBuffer`, as TF-Agents' is; it implements the public methods itself.
 
     Args:
       data_spec: nest of `tf.TensorSpec` for one item (no batch dimension). Shapes fully defined.
@@ -89,11 +92,11 @@ class UniformReplayBuffer(tf.Module):
                  device: str = "cpu:*", table_fn: Any = None, dataset_drop_remainder: bool = False,
                  dataset_window_shift: int | None = None, stateful_dataset: bool = False, *,
                  episode_end_fn: Callable[[Any], tf.Tensor] | None = None):
-        super().__init__(name=None)
+        # The spec is not tracked: tf.Module would wrap its dicts into DictWrapper, and results packed with it.
+        # The capacity tensor is made below, in the buffer's device scope.
+        super().__init__(self._no_dependency(data_spec), None, stateful_dataset)
         if int(batch_size) < 1 or int(max_length) < 1:
             raise ValueError(f"batch_size ({batch_size}) and max_length ({max_length}) must be >= 1")
-        # Not tracked: tf.Module would wrap dicts in the spec into DictWrapper, and results packed with it.
-        self._data_spec = self._no_dependency(data_spec)
         self._batch_size = int(batch_size)
         self._max_length = int(max_length)
         self._scope = scope
@@ -101,7 +104,6 @@ class UniformReplayBuffer(tf.Module):
         self._table_fn = table_fn
         self._dataset_drop_remainder = dataset_drop_remainder
         self._dataset_window_shift = dataset_window_shift
-        self._stateful_dataset = stateful_dataset
         self._episode_end_fn = episode_end_fn
         self._functions: dict = self._no_dependency({})  # traced functions, not checkpointed
         self._check_items = _execution.ItemChecker(data_spec, self._batch_size, episode_end_fn)

@@ -71,3 +71,13 @@ def test_unimplemented_methods_say_which():
     buffer = replay_tf.ReplayBuffer(tf.TensorSpec([], tf.int64), 3)
     with pytest.raises(NotImplementedError, match="ReplayBuffer does not implement _add_batch"):
         buffer.add_batch(tf.constant([1], tf.int64))
+
+
+@pytest.mark.parametrize("buffer_class", [replay_tf.TFUniformReplayBuffer, replay_tf.PrioritizedReplayBuffer])
+def test_in_graph_buffers_are_replay_buffers(buffer_class):
+    # TF-Agents' TFUniformReplayBuffer is a ReplayBuffer; ours implement the public methods themselves.
+    rb = buffer_class(tf.TensorSpec([], tf.int64), batch_size=2, max_length=3, stateful_dataset=True)
+    assert isinstance(rb, replay_tf.ReplayBuffer)
+    rb.add_batch(tf.constant([1, 2], tf.int64))
+    assert int(rb.num_frames()) == 2 and int(rb.capacity) == 6 and rb.stateful_dataset
+    assert rb.gather_all().numpy().tolist() == [[1], [2]]

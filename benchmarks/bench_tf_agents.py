@@ -1,4 +1,4 @@
-"""Many small interleaved `TrajectoryDataset`s, side by side with dm-reverb 0.14: `python -m benchmarks.run tf_agents`.
+"""TF-Agents' replay paths side by side with dm-reverb 0.14 and TF-Agents 0.19: `python -m benchmarks.run tf_agents`.
 
 Workload (issue 25): a static table of 5,000 items of 2 steps, written as TF-Agents'
 `ReverbAddTrajectoryObserver(sequence_length=2)` writes them (one trajectory_writer, an item of the last two
@@ -14,19 +14,34 @@ steps per step), of a small `Trajectory`-like step (observation f32[4], scalars)
   `next(iterator)` of the N = 32 dataset (seconds per 1,500 iterations; lower is better).
 
 The same source runs here (`import replay_tf as reverb`) and in the peer venv (`import reverb`, TF 2.15).
+
+The same DQN loop on a uniform buffer of the same steps (1,000 added first), `replay_tf.TFUniformReplayBuffer`
+against TF-Agents' own `TFUniformReplayBuffer(batch_size=1)`: one `add_batch` of one step (called from
+Python as a `PyDriver`'s observer does, or inside a `tf.function` as the tutorial's `DynamicStepDriver`
+does), then one `next(iterator)` of `as_dataset(sample_batch_size=64, num_steps=2,
+num_parallel_calls=3).prefetch(3)`; only the add and the `next` are timed. TF-Agents runs on TF 2.15 (peer
+venv) and on TF 2.21 (`RL_DATA_TF_AGENTS_PYTHON`, `.ci/make_tf_agents_venv.sh`); the sides alternate over
+three rounds, and a row gives the median seconds and the median of the rounds' ratios.
 """
 from __future__ import annotations
 
 import json
 import os
 import pathlib
+import statistics
 import subprocess
 import sys
 
 from benchmarks import _harness
 
+import anchor_suites_testlib  # noqa: E402  (tests/, on sys.path through _harness)
+import peer_testlib  # noqa: E402
+
 NUM_ITEMS = 5000
 SHAPES = (1, 3, 12, 32)
+UNIFORM_ITERATIONS = 1500
+UNIFORM_ROUNDS = 3
+UNIFORM_MODES = ("eager", "tf_function")
 
 WORKLOAD = r'''
 import collections
@@ -127,15 +142,58 @@ emit('dqn', dqn_loop(address, writer, 1500, NUM_ITEMS + 1))
 server.stop()
 '''
 
+# The DQN loop on a uniform buffer; `RB` is the buffer class (ours, or TF-Agents' in a venv of its own).
+UNIFORM_WORKLOAD = r'''
+import collections
+import time
+import tensorflow as tf
 
-def _prelude(shapes, seconds: float, num_items: int) -> str:
-    return (_harness.PEER_BEST_RATE + f"SHAPES = {tuple(shapes)!r}\nSECONDS = {seconds!r}\n"
-            f"NUM_ITEMS = {num_items!r}\n")
+Step = collections.namedtuple('Step', ['step_type', 'observation', 'action', 'policy_info', 'next_step_type',
+                                       'reward', 'discount'])
+STEP_SPEC = Step(tf.TensorSpec([], tf.int32), tf.TensorSpec([4], tf.float32), tf.TensorSpec([], tf.int64), (),
+                 tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.float32), tf.TensorSpec([], tf.float32))
+
+def step_batch(i):
+    """One collected step as a driver hands it to its observer: a batch of 1."""
+    return Step(tf.constant([i % 3], tf.int32), tf.fill([1, 4], float(i)), tf.constant([i % 2], tf.int64), (),
+                tf.constant([(i + 1) % 3], tf.int32), tf.constant([1.0]), tf.constant([0.99]))
+
+def uniform_dqn_loop(mode, num_iterations, prefill):
+    """Seconds spent in add_batch and in next(iterator) over `num_iterations` iterations."""
+    rb = RB(STEP_SPEC, batch_size=1, max_length=100000)
+    @tf.function
+    def traced_add(items):
+        rb.add_batch(items)  # (its op returned in graph mode is no tf.function output)
+    for i in range(prefill):
+        traced_add(step_batch(i))
+    add = rb.add_batch if mode == 'eager' else traced_add
+    iterator = iter(rb.as_dataset(sample_batch_size=64, num_steps=2, num_parallel_calls=3).prefetch(3))
+    next(iterator)
+    add(step_batch(prefill))
+    adding = sampling = 0.0
+    for i in range(num_iterations):
+        items = step_batch(prefill + 1 + i)  # (the environment's step: not timed)
+        start = time.perf_counter()
+        add(items)
+        added = time.perf_counter()
+        next(iterator)
+        adding += added - start
+        sampling += time.perf_counter() - added
+    return [adding, sampling]
+
+for mode in MODES:
+    emit(mode, uniform_dqn_loop(mode, ITERATIONS, 1000))
+'''
 
 
-def _run_ours(shapes, seconds: float, num_items: int) -> dict:
-    code = ("import json\nimport replay_tf as reverb\n_out = {}\nemit = _out.__setitem__\n"
-            + _prelude(shapes, seconds, num_items) + WORKLOAD + "\nprint('RESULT ' + json.dumps(_out))\n")
+def _uniform_prelude(modes, iterations: int) -> str:
+    return f"MODES = {tuple(modes)!r}\nITERATIONS = {iterations!r}\n"
+
+
+def _run_here(code: str) -> dict:
+    """Runs `code` (which calls `emit`) in a fresh interpreter of this environment; returns what it emitted."""
+    code = ("import json\n_out = {}\nemit = _out.__setitem__\n" + code
+            + "\nprint('RESULT ' + json.dumps(_out))\n")
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=1800,
                           cwd=str(pathlib.Path(__file__).resolve().parent.parent))
@@ -143,6 +201,67 @@ def _run_ours(shapes, seconds: float, num_items: int) -> dict:
         raise RuntimeError(f"benchmark failed:\n{proc.stderr[-4000:]}")
     line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")][-1]
     return json.loads(line[len("RESULT "):])
+
+
+def _tf_agents_current_tf() -> peer_testlib.Peer | None:
+    """TF-Agents 0.19 on current TF (`.ci/make_tf_agents_venv.sh`), or None with a note on stderr."""
+    python = os.environ.get(anchor_suites_testlib.ENV_VAR)
+    if not python or not os.path.exists(python):
+        print(f"[bench] no TF-Agents venv on current TF: set {anchor_suites_testlib.ENV_VAR} "
+              f"(bash .ci/make_tf_agents_venv.sh)", file=sys.stderr)
+        return None
+    return peer_testlib.Peer(python)
+
+
+def uniform_rows(modes=UNIFORM_MODES, iterations: int = UNIFORM_ITERATIONS, rounds: int = UNIFORM_ROUNDS
+                 ) -> list[dict]:
+    """The DQN loop on replay_tf's and TF-Agents' uniform buffers, the sides alternating over `rounds`."""
+    prelude = _uniform_prelude(modes, iterations)
+    # TF-Agents is written for Keras 2: from TF 2.16 on it imports only with tf_keras as tf.keras.
+    tf_agents_code = ("import importlib.metadata, os\n"
+                      "if tuple(map(int, importlib.metadata.version('tensorflow').split('.')[:2])) >= (2, 16):\n"
+                      "    os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')\n"
+                      "from tf_agents.replay_buffers.tf_uniform_replay_buffer import TFUniformReplayBuffer as RB\n"
+                      + prelude + UNIFORM_WORKLOAD)
+    sides = {"ours": lambda: _run_here("from replay_tf import TFUniformReplayBuffer as RB\n" + prelude
+                                       + UNIFORM_WORKLOAD)}
+    for name, peer in (("TF-Agents 0.19 TFUniformReplayBuffer, TF 2.15", _harness.peer()),
+                       ("TF-Agents 0.19 TFUniformReplayBuffer, TF 2.21", _tf_agents_current_tf())):
+        if peer is not None:
+            sides[name] = lambda peer=peer: peer.run(tf_agents_code, timeout_s=1800)
+    runs: dict = {name: [] for name in sides}
+    for round_index in range(rounds):
+        order = list(sides)[round_index % len(sides):] + list(sides)[:round_index % len(sides)]
+        for name in order:
+            runs[name].append(sides[name]())
+    rows = []
+    for mode in modes:
+        ours = [sum(run[mode]) for run in runs["ours"]]
+        for name in [n for n in sides if n != "ours"] or [None]:
+            theirs = [sum(run[mode]) for run in runs[name]] if name else []
+            how = "from Python, as a PyDriver's observer" if mode == "eager" else "in tf.function, as a driver"
+            row = {"workload": f"TF-Agents DQN loop on a uniform buffer: add_batch of 1 step ({how}) + "
+                               f"next(iterator) of as_dataset(64, num_steps=2, num_parallel_calls=3), "
+                               f"{iterations:,} times (lower is better)",
+                   "ours": statistics.median(ours), "peer": statistics.median(theirs) if theirs else None,
+                   "peer_name": name or "", "unit": "s",
+                   # Seconds in add_batch and in next(iterator), per round.
+                   "split_s": {"ours": [run[mode] for run in runs["ours"]],
+                               "peer": [run[mode] for run in runs[name]] if name else []}}
+            if theirs:
+                row["round_ratios"] = [t / o for t, o in zip(theirs, ours)]
+                row["ratio"] = statistics.median(row["round_ratios"])
+            rows.append(row)
+    return rows
+
+
+def _prelude(shapes, seconds: float, num_items: int) -> str:
+    return (_harness.PEER_BEST_RATE + f"SHAPES = {tuple(shapes)!r}\nSECONDS = {seconds!r}\n"
+            f"NUM_ITEMS = {num_items!r}\n")
+
+
+def _run_ours(shapes, seconds: float, num_items: int) -> dict:
+    return _run_here("import replay_tf as reverb\n" + _prelude(shapes, seconds, num_items) + WORKLOAD)
 
 
 def _workload_name(key: str) -> tuple:
@@ -171,7 +290,7 @@ def main(shapes=SHAPES, seconds: float = 1.0, num_items: int = NUM_ITEMS) -> Non
         if key == "dqn" and value and theirs.get(key):
             row["ratio"] = theirs[key] / value  # (seconds: higher ratio is better, as everywhere)
         rows.append(row)
-    _harness.report("tf_agents", rows)
+    _harness.report("tf_agents", rows + uniform_rows())
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """In-graph replay buffers side by side: replay_tf vs tf-agents 0.19 (peer venv) vs flashbax (JAX venv).
 
 Run: `python -m benchmarks.run buffers`. The flashbax venv comes from `bash .ci/make_jax_venv.sh` (found
-at RL_DATA_JAX_PYTHON or ~/.cache/rl-data-jax/bin/python). Workloads (issue 4): the seed's small spec
+at RL_DATA_JAX_PYTHON or ~/.cache/rl-data-jax/bin/python). Workloads: the seed's small spec
 (action [3], lidar [5], camera [3,2] float32) and an Atari-like spec (uint8 [84,84,4], int32 action,
 float32 reward); batch_size 32, max_length 1000, sample batch 256, num_steps 2, alpha 0.6. Calling modes:
 from Python (one call per add / sample, tf-agents wrapped in tf.function as its agents do), inside a

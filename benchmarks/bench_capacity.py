@@ -1,6 +1,6 @@
 """Many open streams on one replay server: `python -m benchmarks.run capacity`.
 
-Workload (issue 26): a server in its own process with an empty queue table ('gate') and a uniform table
+Workload: a server in its own process with an empty queue table ('gate') and a uniform table
 ('data'); this process opens `BENCH_CAPACITY_STREAMS` (default 1,000) SampleStreams at once over one
 grpc.aio channel, half of them idle (no request sent) and half samplers waiting on the empty queue's rate
 limiter. With all of them open it measures: ServerInfo latency p50/p99 over 200 calls (a normal client's

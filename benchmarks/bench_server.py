@@ -1,6 +1,6 @@
 """Replay server, in-process, side by side with dm-reverb 0.14: `python -m benchmarks.run server`.
 
-Workload (issue 5): items of 3 overlapping steps, one item per step, 20k steps, for the seed demo's spec
+Workload: items of 3 overlapping steps, one item per step, 20k steps, for the seed demo's spec
 (action f32[2], observation uint8[10,10]) and an Atari-like one (observation uint8[84,84,4]); uniform and
 prioritized tables. Measured: trajectory_writer insert steps/s, the same items by a structured_writer
 (steps/s; after the sampling, into the reset table), `TrajectoryDataset(...).batch(256)` samples/s (and

@@ -1,6 +1,6 @@
 """TF-Agents' replay paths side by side with dm-reverb 0.14 and TF-Agents 0.19: `python -m benchmarks.run tf_agents`.
 
-Workload (issue 25): a static table of 5,000 items of 2 steps, written as TF-Agents'
+Workload: a static table of 5,000 items of 2 steps, written as TF-Agents'
 `ReverbAddTrajectoryObserver(sequence_length=2)` writes them (one trajectory_writer, an item of the last two
 steps per step), of a small `Trajectory`-like step (observation f32[4], scalars). Sampled through:
 

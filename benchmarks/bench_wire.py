@@ -1,6 +1,6 @@
 """Reverb protocol over gRPC on loopback, server and client in separate processes: `python -m benchmarks.run wire`.
 
-Workload (issue 6, the server issue's workload across processes): items of 3 overlapping steps, one item per
+Workload (the server suite's workload across processes): items of 3 overlapping steps, one item per
 step, for the seed demo's spec (action f32[2], observation uint8[10,10]) and an Atari-like one (observation
 uint8[84,84,4]), uniform table. Measured: trajectory_writer insert steps/s (until the final flush returns)
 and `TrajectoryDataset.from_table_signature(...).batch(256)` samples/s (and samples per CPU-second of the

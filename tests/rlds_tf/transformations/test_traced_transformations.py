@@ -60,7 +60,7 @@ _PATTERN_CASES = ("PatternDataset", "pattern_map", "pattern_map_across", "patter
 # ours gives every episode's.
 _PEER_WRONG = {(name, context) for name in _PATTERN_CASES for context in ("flat_map", "no_autograph")}
 
-# Cases with values computed here: those the peer cannot check in some context, and the issue's idiom.
+# Cases with values computed here: those the peer cannot check in some context, and the idiom users write most (overlapping pairs inside flat_map).
 _HAND_COMPUTED = ("batch_2_1_drop", "episode_length", "episode_length_unknown", "sar_fields_mask",
                   "truncate_after_condition", "mean_and_std", "uniform_from_spec") + _PATTERN_CASES
 _RTOL = 1e-6  # float sums and moments may add in another order

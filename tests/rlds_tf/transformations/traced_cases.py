@@ -169,7 +169,7 @@ def _cases(rlds, reverb):
 
     extra = tf.data.Dataset.from_tensors({"observation": tf.zeros([2]), "absorbing": True})
     return {
-        # The idiom: overlapping pairs of steps of every episode.
+        # The idiom users write most: overlapping pairs of steps of every episode.
         "batch_2_1_drop": ("episode", lambda e: T.batch(e["steps"], size=2, shift=1, drop_remainder=True)),
         "batch_3_2_stride_2": ("episode", lambda e: T.batch(e["steps"], size=3, shift=2, stride=2)),
         "map_steps": ("episode", lambda e: T.map_steps(e["steps"], double_reward)),

@@ -4,10 +4,10 @@
 code written for `tf_agents.replay_buffers`.
 """
 # The public names load on first attribute access, all at once from replay_tf/_exports.py (see
-# rlds_tf._lazy_names), so that importing a submodule such as `replay_tf.cli` does not import TensorFlow.
+# rlds_tf.lazy_names), so that importing a submodule such as `replay_tf.cli` does not import TensorFlow.
 import typing as _typing
 
-from rlds_tf import _lazy_names
+from rlds_tf import lazy_names
 
 if _typing.TYPE_CHECKING:
     from replay_tf._exports import *  # noqa: F401,F403
@@ -61,4 +61,4 @@ __all__ = [
     "register_as_reverb",
 ]
 
-__getattr__, __dir__ = _lazy_names.module_hooks(__name__, __all__, globals())
+__getattr__, __dir__ = lazy_names.module_hooks(__name__, __all__, globals())

@@ -39,6 +39,9 @@ import threading
 import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
+from replay_tf import rate_limiters
+from replay_tf import selectors
+
 _SELECTORS = ("uniform", "prioritized", "fifo", "lifo", "max_heap", "min_heap")
 _RATE_LIMITERS = ("min_size", "sample_to_insert_ratio", "queue", "stack")
 _TABLE_KEYS = ("name", "sampler", "remover", "max_size", "rate_limiter", "max_times_sampled", "signature",
@@ -92,8 +95,6 @@ def _one_key(value: Any, where: str, known: Sequence[str]) -> tuple:
 
 
 def _selector(value: Any, where: str):
-    from replay_tf import selectors  # noqa: PLC0415
-
     name, args = _one_key(value, where, _SELECTORS)
     cls = {"uniform": selectors.Uniform, "prioritized": selectors.Prioritized, "fifo": selectors.Fifo,
            "lifo": selectors.Lifo, "max_heap": selectors.MaxHeap, "min_heap": selectors.MinHeap}[name]
@@ -104,8 +105,6 @@ def _selector(value: Any, where: str):
 
 
 def _rate_limiter(value: Any, where: str):
-    from replay_tf import rate_limiters  # noqa: PLC0415
-
     if isinstance(value, Mapping) and len(value) == 1:
         [(key, argument)] = value.items()
         if isinstance(argument, (int, float)) and not isinstance(argument, bool):  # {min_size: 1}, {queue: 10}
@@ -129,9 +128,9 @@ def _signature(value: Any, where: str):
     specs, e.g. a `Trajectory`'s discount: TF-Agents compares table signatures with `==`, which holds only
     between specs of the same class and bounds).
     """
-    import tensorflow as tf  # noqa: PLC0415
+    import tensorflow as tf  # noqa: PLC0415  (imports TF: after argument parsing)
 
-    from rlds_tf import structure_coder  # noqa: PLC0415
+    from rlds_tf import structure_coder  # noqa: PLC0415  (imports TF: after argument parsing)
 
     if isinstance(value, Mapping) and "dtype" in value and set(value) <= _SPEC_KEYS:
         bounds = [k for k in ("minimum", "maximum") if k in value]
@@ -158,7 +157,7 @@ def build_tables(config: Mapping[str, Any]) -> List[Any]:
     Raises:
       ConfigError: with the path of the bad entry (`tables[1].rate_limiter.min_size: ...`).
     """
-    import replay_tf  # noqa: PLC0415
+    import replay_tf  # noqa: PLC0415  (imports TF: after argument parsing)
 
     tables = config.get("tables")
     if not isinstance(tables, list) or not tables:
@@ -234,7 +233,7 @@ class StatsReporter:
 
 def serve(args: argparse.Namespace) -> int:
     from replay_tf import Server  # noqa: PLC0415  (imports TF: after argument parsing)
-    from replay_tf.checkpointing import DirectoryCheckpointer  # noqa: PLC0415
+    from replay_tf.checkpointing import DirectoryCheckpointer  # noqa: PLC0415  (imports TF: after argument parsing)
 
     try:
         config = load_config(args.config)
@@ -324,7 +323,7 @@ def _security_options(args: argparse.Namespace) -> tuple:
     if bool(args.tls_cert) != bool(args.tls_key):
         raise ConfigError("--tls-cert and --tls-key go together (the PEM certificate chain and its private key)")
     if args.tls_cert:
-        import grpc  # noqa: PLC0415
+        import grpc  # noqa: PLC0415  (imports TF: after argument parsing)
         with open(args.tls_cert, "rb") as cert, open(args.tls_key, "rb") as key:
             credentials = grpc.ssl_server_credentials([(key.read(), cert.read())])
     if args.auth_token_file:

@@ -30,8 +30,8 @@ _FORMATS = ("tfrecord", "array_record")
 
 def _describe_features(feature) -> Dict[str, str]:
     """`{'observation': 'float32[10, 5]', 'meta/x': ...}` for a TFDS features dict (nested paths joined by /)."""
-    import tensorflow as tf  # noqa: PLC0415
-    import tree  # noqa: PLC0415
+    import tensorflow as tf  # noqa: PLC0415  (imports TF: after argument parsing)
+    import tree  # noqa: PLC0415  (imports TF: after argument parsing)
 
     signature = feature.get_tensor_info()
     out = {}
@@ -55,10 +55,10 @@ def dataset_summary(name_or_dir: str, *, split: Optional[str] = None, data_dir: 
     Per split: `episodes` and `steps` counted from the data (the first `max_episodes` if set), `returns`
     (per-episode sums of rewards) and `lengths`, with `{count, mean, std, min, max}` statistics.
     """
-    import tensorflow_datasets as tfds  # noqa: PLC0415
+    import tensorflow_datasets as tfds  # noqa: PLC0415  (imports TF: after argument parsing)
 
-    from rlds_tf import loading  # noqa: PLC0415
-    from rlds_tf import rlds_types  # noqa: PLC0415
+    from rlds_tf import loading  # noqa: PLC0415  (imports TF: after argument parsing)
+    from rlds_tf import rlds_types  # noqa: PLC0415  (imports TF: after argument parsing)
 
     builder = loading.builder(name_or_dir, data_dir=data_dir)
     features = builder.info.features
@@ -98,9 +98,9 @@ def dataset_summary(name_or_dir: str, *, split: Optional[str] = None, data_dir: 
 @contextlib.contextmanager
 def _read_errors_named(builder, split: str):
     """Turns a TF error while reading `split` into a one-line ValueError naming the shard and record."""
-    import tensorflow as tf  # noqa: PLC0415
+    import tensorflow as tf  # noqa: PLC0415  (imports TF: after argument parsing)
 
-    from rlds_tf import _record_checks  # noqa: PLC0415
+    from rlds_tf import _record_checks  # noqa: PLC0415  (imports TF: after argument parsing)
 
     try:
         yield
@@ -137,7 +137,7 @@ def _plot(summary: Dict[str, Any], path: str) -> None:
     import matplotlib  # noqa: PLC0415  (optional: only --plot needs it)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
+    import matplotlib.pyplot as plt  # noqa: PLC0415  (imports TF: after argument parsing)
 
     figure, (returns_axis, lengths_axis) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
     for split, stats in summary["splits"].items():
@@ -181,9 +181,9 @@ def info(args: argparse.Namespace) -> int:
 
 def _dataset_config(builder):
     """A `DatasetConfig` with the source's features (episode fields other than `steps` become metadata)."""
-    import tensorflow_datasets as tfds  # noqa: PLC0415
+    import tensorflow_datasets as tfds  # noqa: PLC0415  (imports TF: after argument parsing)
 
-    from rlds_tf import rlds_types  # noqa: PLC0415
+    from rlds_tf import rlds_types  # noqa: PLC0415  (imports TF: after argument parsing)
 
     features = builder.info.features
     steps = features[rlds_types.STEPS].feature
@@ -210,10 +210,10 @@ def convert(src: str, dst: str, file_format: str, *, data_dir: Optional[str] = N
     Raises:
       ValueError: bad arguments, or an unreadable source record (names the shard and record).
     """
-    import tensorflow_datasets as tfds  # noqa: PLC0415
+    import tensorflow_datasets as tfds  # noqa: PLC0415  (imports TF: after argument parsing)
 
-    from rlds_tf import loading  # noqa: PLC0415
-    from rlds_tf.recording import tfds_writer  # noqa: PLC0415
+    from rlds_tf import loading  # noqa: PLC0415  (imports TF: after argument parsing)
+    from rlds_tf.recording import tfds_writer  # noqa: PLC0415  (imports TF: after argument parsing)
 
     if file_format not in _FORMATS:
         raise ValueError(f"format ({file_format!r}) must be one of {list(_FORMATS)}")
@@ -267,7 +267,7 @@ def convert_command(args: argparse.Namespace) -> int:
 
 
 def recover_command(args: argparse.Namespace) -> int:
-    from rlds_tf.recording import crash_recovery  # noqa: PLC0415
+    from rlds_tf.recording import crash_recovery  # noqa: PLC0415  (imports TF: after argument parsing)
 
     directory = os.path.expanduser(args.directory)
     if not os.path.isdir(directory):

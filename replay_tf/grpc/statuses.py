@@ -38,39 +38,40 @@ def parse(message_class, raw: bytes):
                           f"malformed {message_class.DESCRIPTOR.name} ({len(raw)} bytes): {e}") from None
 
 
+# Errors a handler may raise, in the order they are matched (LimitExceededError is a ValueError), and the
+# status each ends its call with.
+_STATUS_OF = (
+    (errors.CancelledError, grpc.StatusCode.CANCELLED),
+    (errors.UnavailableError, grpc.StatusCode.UNAVAILABLE),
+    (limits.LimitExceededError, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (ValueError, grpc.StatusCode.INVALID_ARGUMENT),
+)
+
+
+def _abort(context, error: Exception, call: str) -> None:
+    """Ends the call with the status of `error` (called while handling it); INTERNAL, logged, for others."""
+    if isinstance(error, StatusError):
+        context.abort(error.code, error.details)
+    for error_class, code in _STATUS_OF:
+        if isinstance(error, error_class):
+            context.abort(code, str(error))
+    _log.exception(f"internal error in ReverbService {call}")
+    context.abort(grpc.StatusCode.INTERNAL, f"{type(error).__name__}: {error}")
+
+
 def run_unary(context, handler, *args):
     """Runs a unary handler, mapping failures to statuses."""
     try:
         return handler(*args)
-    except StatusError as e:
-        context.abort(e.code, e.details)
-    except errors.CancelledError as e:
-        context.abort(grpc.StatusCode.CANCELLED, str(e))
-    except errors.UnavailableError as e:
-        context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
-    except ValueError as e:
-        context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
     except Exception as e:  # noqa: BLE001  (one bad call must never take the server down)
-        _log.exception("internal error in ReverbService")
-        context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
+        _abort(context, e, "call")
 
 
 def run_stream(context, generator) -> Iterator[bytes]:
     """Drives a streaming handler, mapping failures to statuses."""
     try:
         yield from generator
-    except StatusError as e:
-        context.abort(e.code, e.details)
-    except errors.CancelledError as e:
-        context.abort(grpc.StatusCode.CANCELLED, str(e))
-    except errors.UnavailableError as e:
-        context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
-    except limits.LimitExceededError as e:
-        context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
-    except ValueError as e:
-        context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
     except grpc.RpcError:
         return  # the client went away while we were reading its requests
-    except Exception as e:  # noqa: BLE001
-        _log.exception("internal error in ReverbService stream")
-        context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
+    except Exception as e:  # noqa: BLE001  (one bad stream must never take the server down)
+        _abort(context, e, "stream")

@@ -43,7 +43,8 @@ UNIFORM_ITERATIONS = 1500
 UNIFORM_ROUNDS = 3
 UNIFORM_MODES = ("eager", "tf_function")
 
-WORKLOAD = r'''
+# The step both workloads write: a small `Trajectory`-like step, as TF-Agents' DQN tutorial collects.
+_STEP = r'''
 import collections
 import time
 import numpy as np
@@ -53,7 +54,9 @@ Step = collections.namedtuple('Step', ['step_type', 'observation', 'action', 'po
                                        'reward', 'discount'])
 STEP_SPEC = Step(tf.TensorSpec([], tf.int32), tf.TensorSpec([4], tf.float32), tf.TensorSpec([], tf.int64), (),
                  tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.float32), tf.TensorSpec([], tf.float32))
+'''
 
+WORKLOAD = _STEP + r'''
 def step(i):
     return Step(np.int32(i % 3), np.full([4], i, np.float32), np.int64(i % 2), (), np.int32((i + 1) % 3),
                 np.float32(1.0), np.float32(0.99))
@@ -143,16 +146,7 @@ server.stop()
 '''
 
 # The DQN loop on a uniform buffer; `RB` is the buffer class (ours, or TF-Agents' in a venv of its own).
-UNIFORM_WORKLOAD = r'''
-import collections
-import time
-import tensorflow as tf
-
-Step = collections.namedtuple('Step', ['step_type', 'observation', 'action', 'policy_info', 'next_step_type',
-                                       'reward', 'discount'])
-STEP_SPEC = Step(tf.TensorSpec([], tf.int32), tf.TensorSpec([4], tf.float32), tf.TensorSpec([], tf.int64), (),
-                 tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.float32), tf.TensorSpec([], tf.float32))
-
+UNIFORM_WORKLOAD = _STEP + r'''
 def step_batch(i):
     """One collected step as a driver hands it to its observer: a batch of 1."""
     return Step(tf.constant([i % 3], tf.int32), tf.fill([1, 4], float(i)), tf.constant([i % 2], tf.int64), (),

@@ -2,7 +2,7 @@
 
 Requests carry chunks and items; chunks live in a per-stream map until an item refers to them, and only
 the chunks listed in `keep_chunk_keys` survive a request with items. Items are inserted in order per
-table; items the rate limiter holds back wait in the table's pending-insert queue (`InsertQueue`), and
+table; items the rate limiter holds back wait in the table's pending-insert queue (`insert_queue`), and
 when it holds Reverb's `max(1, min(0.1 * max_size, 1000))` items the stream is not read meanwhile
 (back-pressure); the keys of inserted items are sent back as confirmations, those completed meanwhile
 coalesced into one response.
@@ -18,18 +18,16 @@ as received (serialized `ChunkData`) and sent back without re-encoding.
 """
 from __future__ import annotations
 
-import collections
 import threading
-import traceback
-from typing import TYPE_CHECKING, Callable, Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 import grpc
 
-from replay_tf import errors
 from replay_tf.core import chunk_store as chunk_store_lib
-from replay_tf.core import table as table_lib
 from replay_tf.grpc import common
+from replay_tf.grpc import insert_queue
 from replay_tf.grpc import statuses
+from replay_tf.grpc import table_entry
 from replay_tf.wire import _raw
 from replay_tf.wire import chunk_codec
 from replay_tf.wire import tensor_codec
@@ -37,157 +35,16 @@ from replay_tf.wire import limits
 from replay_tf.wire import reverb_service_pb2
 from replay_tf.wire import schema_pb2
 
-if TYPE_CHECKING:
-    from replay_tf.grpc import servicer as servicer_lib
-
-__all__ = ["InsertQueue", "InsertStreams"]
+__all__ = ["InsertStreams"]
 
 _MAX_CHECKED_LAYOUTS = 4096      # column layouts a stream remembers as matching their table's signature
 _CHUNKS_TAG = 0x0A                 # InsertStreamRequest.chunks = 1, length-delimited
-
-def _without_locals(error: BaseException) -> BaseException:
-    """`error`, with the local variables of the finished frames of its tracebacks (and of its chained errors'
-    tracebacks) cleared; file and line information stays. An error kept in a stream's shared state would
-    otherwise keep that stream's items and chunks alive in reference cycles (frame -> state -> error ->
-    frame) that only a full garbage collection frees, e.g. after a writer was killed."""
-    seen = set()
-    pending = [error]
-    while pending:
-        e = pending.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        traceback.clear_frames(e.__traceback__)
-        pending += [e.__context__, e.__cause__]
-    return error
-
-
-class _InsertStreamState:
-    """What an InsertStream's reader, its table queues and its sender share: keys to confirm, the first
-    error, and how many of its items wait in table queues."""
-
-    def __init__(self, context):
-        self.cv = threading.Condition()
-        self.keys: list = []
-        self.error: Optional[BaseException] = None
-        self.done = False
-        self.outstanding = 0
-        self._context = context
-
-    def active(self) -> bool:
-        return self._context.is_active()
-
-    def confirm(self, keys: list) -> None:
-        """Hands `keys` (inserted items) to the sender, which confirms them in one response."""
-        with self.cv:
-            self.keys += keys
-            self.cv.notify_all()
-
-    def queued(self) -> None:
-        with self.cv:
-            self.outstanding += 1
-
-    def finished(self, key: int, error: Optional[BaseException]) -> None:
-        """A queued item was inserted (`error` None) or failed."""
-        with self.cv:
-            self.outstanding -= 1
-            if error is None:
-                self.keys.append(key)
-            elif self.error is None:
-                self.error = _without_locals(error)
-            self.cv.notify_all()
-
-    def wait_for_queued(self) -> None:
-        """Blocks until every queued item of the stream was inserted (or one failed)."""
-        with self.cv:
-            while self.outstanding and self.error is None:
-                self.cv.wait(common.WAIT_SLICE_MS / 1000.0)
-                if not self.active():
-                    raise statuses.StatusError(grpc.StatusCode.CANCELLED, "the client closed the stream")
-
-
-class InsertQueue:
-    """A table's pending inserts, as Reverb's table worker queues them.
-
-    An item the rate limiter admits at once is inserted by the stream's reader itself. Otherwise it
-    waits here, in order, for a worker thread to insert it when the limiter allows; at most `limit`
-    items (Reverb's `max(1, min(0.1 * max_size, 1000))`) wait per table, and a stream with one more item
-    for a full queue is not read meanwhile (back-pressure). Items of a stream whose client went away are
-    dropped instead of inserted.
-    """
-
-    def __init__(self, table: table_lib.Table):
-        self._table = table
-        self.limit = max(1, min(int(0.1 * table.max_size), 1000))
-        self._cv = threading.Condition()
-        self._pending: collections.deque = collections.deque()  # (item, stream state); [0] is being inserted
-        self._working = False
-
-    def __len__(self) -> int:
-        return len(self._pending)
-
-    def put(self, item, stream: _InsertStreamState, confirmed: list) -> None:
-        """Inserts `item` now, appending its key to `confirmed` (the caller confirms a request's keys
-        together), or queues it; `confirmed` is then confirmed first, so that no key waits behind it."""
-        with self._cv:
-            if not self._pending:
-                try:
-                    self._table.insert_or_assign(item, timeout_ms=0)
-                except errors.DeadlineExceededError:
-                    pass  # rate-limited: queue it
-                else:
-                    confirmed.append(item.key)
-                    return
-            if confirmed:
-                stream.confirm(confirmed)
-                confirmed.clear()
-            while len(self._pending) >= self.limit:  # back-pressure: the stream is not read meanwhile
-                self._cv.wait(common.WAIT_SLICE_MS / 1000.0)
-                if not stream.active():
-                    raise statuses.StatusError(grpc.StatusCode.CANCELLED, "the client closed the stream")
-            self._pending.append((item, stream))
-            stream.queued()
-            if not self._working:
-                self._working = True
-                threading.Thread(target=self._work, name=f"replay_tf-inserts-{self._table.name}",
-                                 daemon=True).start()
-
-    def _work(self) -> None:
-        while True:
-            with self._cv:
-                if not self._pending:
-                    self._working = False
-                    return
-                item, stream = self._pending[0]
-            error = None
-            try:
-                if not stream.active():
-                    raise statuses.StatusError(grpc.StatusCode.CANCELLED, "the client closed the stream")
-                _insert(self._table, item, stream)
-            except Exception as e:  # noqa: BLE001  (reported to the item's stream)
-                error = e
-            with self._cv:
-                self._pending.popleft()
-                self._cv.notify_all()
-            stream.finished(item.key, error)
-            item = stream = error = None  # this frame may live on in `error`'s traceback
-
-
-def _insert(table: table_lib.Table, item, stream: _InsertStreamState) -> None:
-    """Inserts `item`, waiting on the rate limiter in slices so that a vanished client is noticed."""
-    while True:
-        try:
-            table.insert_or_assign(item, timeout_ms=common.WAIT_SLICE_MS)
-            return
-        except errors.DeadlineExceededError:
-            if not stream.active():
-                raise statuses.StatusError(grpc.StatusCode.CANCELLED, "the client closed the stream") from None
 
 
 class InsertStreams:
     """The InsertStream handler over a servicer's tables and chunk store."""
 
-    def __init__(self, entry_of: Callable[[str], servicer_lib.TableEntry], chunk_store: chunk_store_lib.ChunkStore,
+    def __init__(self, entry_of: Callable[[str], table_entry.TableEntry], chunk_store: chunk_store_lib.ChunkStore,
                  step_check: Optional[limits.StepCheck]):
         self._entry_of = entry_of  # table name -> TableEntry, or NOT_FOUND
         self._chunk_store = chunk_store
@@ -200,7 +57,7 @@ class InsertStreams:
         # coalescing the keys confirmed meanwhile into one response (as Reverb does): a writer that sends
         # one item per request does not also pay for one response per request.
         common.freeze_startup_objects()
-        state = _InsertStreamState(context)
+        state = insert_queue.InsertStreamState(context)
         cv = state.cv
 
         def read() -> None:
@@ -208,9 +65,7 @@ class InsertStreams:
                 self._apply_insert_requests(request_iterator, context, state)
                 state.wait_for_queued()
             except BaseException as e:  # noqa: BLE001  (handed to the sending side, which reports it)
-                with cv:
-                    if state.error is None:
-                        state.error = _without_locals(e)
+                state.fail(e)
             finally:
                 with cv:
                     state.done = True
@@ -232,7 +87,7 @@ class InsertStreams:
             if done:
                 return
 
-    def _apply_insert_requests(self, request_iterator, context, state: _InsertStreamState) -> None:
+    def _apply_insert_requests(self, request_iterator, context, state: insert_queue.InsertStreamState) -> None:
         held: dict = {}  # chunk key -> (Chunk, step headers, rows, episode id): this stream's chunks no item owns yet
         held_bytes = limits.HeldChunks()  # the bytes of the chunks in `held`
         confirmed: list = []  # keys inserted while applying the current request, confirmed together
@@ -307,7 +162,7 @@ class InsertStreams:
             return headers
         return chunk_codec.chunk_from_proto(schema_pb2.ChunkData.FromString(serialized), serialized)[1]
 
-    def _item(self, entry: servicer_lib.TableEntry, proto: schema_pb2.PrioritizedItem, held: dict,
+    def _item(self, entry: table_entry.TableEntry, proto: schema_pb2.PrioritizedItem, held: dict,
               checked: set) -> chunk_store_lib.Item:
         """The core item of `proto`, validated against the stream's chunks (headers only, nothing decoded)
         and the table's signature (skipped for a column layout in `checked`, which it joins)."""
@@ -367,6 +222,6 @@ class InsertStreams:
         return item
 
     @staticmethod
-    def _check_signature(entry: servicer_lib.TableEntry, key: int, columns: list) -> None:
+    def _check_signature(entry: table_entry.TableEntry, key: int, columns: list) -> None:
         entry.table.check_column_layout(key, columns)
 

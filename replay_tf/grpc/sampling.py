@@ -12,7 +12,7 @@ import math
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Callable, Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 import grpc
 
@@ -23,13 +23,11 @@ from replay_tf.grpc import common
 from replay_tf.grpc import malloc
 from replay_tf.grpc import shared_memory
 from replay_tf.grpc import statuses
+from replay_tf.grpc import table_entry
 from replay_tf.wire import _raw
 from replay_tf.wire import chunk_codec
 from replay_tf.wire import protos
 from replay_tf.wire import reverb_service_pb2
-
-if TYPE_CHECKING:
-    from replay_tf.grpc import servicer as servicer_lib
 
 __all__ = ["SampleStreams"]
 
@@ -42,7 +40,7 @@ _DECODED_CHUNK_BYTES = 64 << 20    # decoded multi-row chunks kept for stacked s
 class SampleStreams:
     """The SampleStream handler over a servicer's tables, with what it caches about sampled items."""
 
-    def __init__(self, entry_of: Callable[[str], servicer_lib.TableEntry]):
+    def __init__(self, entry_of: Callable[[str], table_entry.TableEntry]):
         self._entry_of = entry_of  # table name -> TableEntry, or NOT_FOUND
         # Serialized unchanging fields of each sampled item (key, table, inserted_at, flat trajectory), and the
         # `SampleEntry.data` tag and length of each sampled chunk, built on first use.
@@ -116,7 +114,7 @@ class SampleStreams:
                 batch[0] = batch[0]._replace(rate_limited=True)
             return batch
 
-    def _item_prefix(self, entry: servicer_lib.TableEntry, item) -> bytes:
+    def _item_prefix(self, entry: table_entry.TableEntry, item) -> bytes:
         """Serialized key, table, inserted_at and flat trajectory of an item (cached: they never change)."""
         prefix = self._trajectories.get(item)
         if prefix is None:
@@ -137,7 +135,7 @@ class SampleStreams:
             fields.append(cached)
         return fields
 
-    def _stacked_responses(self, entry: servicer_lib.TableEntry, batch: list, ring: Optional[shared_memory.Ring],
+    def _stacked_responses(self, entry: table_entry.TableEntry, batch: list, ring: Optional[shared_memory.Ring],
                            cancelled: threading.Event) -> Iterator[bytes]:
         """`_responses` for a client that asked for stacked samples (rl-data-tf's extension): each response
         holds up to ~`_RESPONSE_TARGET_BYTES` of whole samples stacked per column, gathered straight into a
@@ -179,7 +177,7 @@ class SampleStreams:
             else:
                 yield layout.join(columns)
 
-    def _responses(self, entry: servicer_lib.TableEntry, batch: list) -> Iterator[bytes]:
+    def _responses(self, entry: table_entry.TableEntry, batch: list) -> Iterator[bytes]:
         parts, size = [], 0
         for sampled in batch:
             item = sampled.item

@@ -1,9 +1,10 @@
 """`ReverbServicer`: the handlers of `deepmind.reverb.ReverbService` over a `replay_tf.Server`'s tables.
 
 The unary calls (Checkpoint, MutatePriorities, Reset, ServerInfo) and InitializeConnection are answered
-here; InsertStream and SampleStream are served by `inserting` and `sampling`. `InitializeConnection`
-always answers `address=0`: Reverb clients then sample over gRPC (a table pointer can never be shared with
-another process, and Python objects have no C++ address anyway).
+here; InsertStream and SampleStream are served by `inserting` and `sampling`. Each table is reached
+through its `table_entry.TableEntry`, kept here. `InitializeConnection` always answers `address=0`:
+Reverb clients then sample over gRPC (a table pointer can never be shared with another process, and
+Python objects have no C++ address anyway).
 
 Errors never stop the server: a malformed or inconsistent request ends its own call with a precise status
 (INVALID_ARGUMENT for bad bytes, shapes or dtypes, NOT_FOUND for an unknown table, FAILED_PRECONDITION for
@@ -12,45 +13,21 @@ chunks held for that stream are released.
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Iterator
 
 import grpc
 
 from replay_tf import errors
 from replay_tf.core import chunk_store as chunk_store_lib
-from replay_tf.core import table as table_lib
 from replay_tf.grpc import inserting
 from replay_tf.grpc import sampling
 from replay_tf.grpc import statuses
-from replay_tf.wire import _raw
-from replay_tf.wire import protos
-from replay_tf.wire import table_info
+from replay_tf.grpc import table_entry
 from replay_tf.wire import limits
 from replay_tf.wire import reverb_service_pb2
 from replay_tf.wire import schema_pb2
 
-__all__ = ["ReverbServicer", "TableEntry"]
-
-
-class TableEntry:
-    """A table and what the service caches about it."""
-
-    def __init__(self, table: table_lib.Table):
-        self.table = table
-        self.name = table.name
-        self.table_field = _raw.table_field(table.name)
-        self._signature_proto = None
-        self.inserts = inserting.InsertQueue(table)
-
-    def info_proto(self) -> schema_pb2.TableInfo:
-        info = self.table.info
-        proto = table_info.table_info_to_proto(dataclasses.replace(info, signature=None))
-        if info.signature is not None:
-            if self._signature_proto is None:
-                self._signature_proto = protos.encode_signature(info.signature)
-            proto.signature.CopyFrom(self._signature_proto)
-        return proto
+__all__ = ["ReverbServicer"]
 
 
 class ReverbServicer:
@@ -58,7 +35,7 @@ class ReverbServicer:
 
     def __init__(self, server):
         self._server = server
-        self._tables = {name: TableEntry(table) for name, table in server.tables.items()}
+        self._tables = {name: table_entry.TableEntry(table) for name, table in server.tables.items()}
         # (Not `or`: an empty ChunkStore is falsy, and the server's store must be the one used.)
         store = getattr(server, "chunk_store", None)
         self._chunk_store = chunk_store_lib.ChunkStore() if store is None else store
@@ -76,7 +53,7 @@ class ReverbServicer:
         queue = self._entry(table).inserts
         return len(queue), queue.limit
 
-    def _entry(self, name: str) -> TableEntry:
+    def _entry(self, name: str) -> table_entry.TableEntry:
         entry = self._tables.get(name)
         if entry is None:
             raise statuses.StatusError(grpc.StatusCode.NOT_FOUND, str(errors.table_not_found(name, self._tables)))

@@ -4,7 +4,6 @@
 table always comes from one recorded run per suite.
 """
 import json
-import pathlib
 
 from benchmarks._harness import RESULTS_DIR
 

@@ -21,7 +21,7 @@ import os
 import shutil
 import sys
 import uuid
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 import numpy as np
 

@@ -16,7 +16,6 @@ from replay_tf.core import table as table_lib
 from replay_tf.grpc import common
 from replay_tf.grpc import malloc
 from replay_tf.grpc import shared_memory as shared_memory_lib
-from replay_tf.wire import chunk_codec
 from replay_tf.wire import tensor_codec
 from replay_tf.wire import reverb_service_pb2
 from replay_tf.wire import schema_pb2

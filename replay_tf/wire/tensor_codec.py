@@ -116,7 +116,7 @@ def delta_applies(array: np.ndarray) -> bool:
     return array.ndim >= 2 and array.dtype.kind in ("i", "u")
 
 
-def encode_tensor(array: np.ndarray, *, delta_encoded: bool = False) -> "TensorProto":
+def encode_tensor(array: np.ndarray, *, delta_encoded: bool = False) -> "_TensorProto":
     """A chunk tensor (steps on dim 0) as Reverb encodes it.
 
     Args:

@@ -14,7 +14,7 @@ compiler (`compile.py`) and the online evaluator (`evaluator.py`).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Optional, Sequence
 
 import tensorflow as tf
 import tree

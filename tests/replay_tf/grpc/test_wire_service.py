@@ -1,7 +1,6 @@
 """Our ReverbService with raw gRPC calls: statuses for bad input, freed chunks, and a server that survives."""
 import gc
 import os
-import random
 import re
 import threading
 import time

@@ -8,7 +8,6 @@ and service method must be identical. The peer process also imports our generate
 """
 import base64
 import pathlib
-import warnings
 
 import pytest
 from google.protobuf import descriptor_pb2

@@ -2,7 +2,6 @@
 import dataclasses
 import json
 import os
-import time
 
 import dm_env
 import numpy as np

@@ -27,6 +27,7 @@ import json
 import os
 import pathlib
 import re
+import signal
 import subprocess
 import time
 
@@ -72,7 +73,9 @@ def _train(python: str, work_dir: pathlib.Path, agent: str, iterations: int, *,
         cmd += ["--server-address", server_address]
     log = work_dir / f"{agent}.log"
     with open(log, "wb") as log_file:
-        proc = subprocess.Popen(cmd, cwd=work_dir, env=anchor_suites_testlib.venv_env(), stdout=log_file, stderr=subprocess.STDOUT)
+        # (PYTHONFAULTHANDLER: a process that hangs is sent SIGABRT first, which prints every thread's stack)
+        env = dict(anchor_suites_testlib.venv_env(), PYTHONFAULTHANDLER="1")
+        proc = subprocess.Popen(cmd, cwd=work_dir, env=env, stdout=log_file, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + SCRIPT_TIMEOUT_S
         exit_deadline = None
         while (returncode := proc.poll()) is None:
@@ -82,11 +85,15 @@ def _train(python: str, work_dir: pathlib.Path, agent: str, iterations: int, *,
             if exit_deadline is None and out.exists():
                 exit_deadline = time.monotonic() + EXIT_GRACE_S
             if time.monotonic() > min(deadline, exit_deadline or deadline):
-                proc.kill()
-                proc.wait()
+                proc.send_signal(signal.SIGABRT)
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
                 state = "wrote its result but did not exit" if exit_deadline else "did not finish"
-                pytest.fail(f"training {agent} in the TF-Agents venv {state}:\n"
-                            f"{log.read_text(errors='replace')[-6000:]}")
+                pytest.fail(f"training {agent} in the TF-Agents venv {state} (its threads' stacks at the end):\n"
+                            f"{log.read_text(errors='replace')[-12000:]}")
             time.sleep(1)
     if returncode != 0 or not out.exists():
         pytest.fail(f"training {agent} in the TF-Agents venv failed (exit {returncode}):\n"

@@ -17,8 +17,10 @@ class _Generators:
     poll, `_POLL_MS`, if it is waiting for samples), and exit waits until each has ended or has not been
     called for `QUIET_S` (tf.data's buffer is full: its threads stay out of Python)."""
 
-    QUIET_S = 0.2
-    TIMEOUT_S = 2.0
+    # (generous: on a loaded machine tf.data's threads may take a while to come back for the element that
+    # ends their iterator, and one of them entering Python during finalization hangs the exit)
+    QUIET_S = 1.0
+    TIMEOUT_S = 5.0
 
     def __init__(self):
         self.exiting = threading.Event()

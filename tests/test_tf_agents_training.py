@@ -44,7 +44,7 @@ EXIT_GRACE_S = 60
 # Collect/train steps of DQN (one environment step, one batch of 64 per step) and collect/train iterations
 # of PPO (500 environment steps, 4 epochs of minibatches of 64 per iteration): enough to lift the greedy
 # return far above its start on CartPole with margin for the unseeded sampling order.
-DQN_ITERATIONS = 1000
+DQN_ITERATIONS = 1500
 PPO_ITERATIONS = 5
 # The untrained greedy policy's return (deterministic: fixed seeds for the network and the evaluation).
 UNTRAINED_RETURN_AT_MOST = 15.0

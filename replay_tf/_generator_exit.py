@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import atexit
+import gc
 import threading
 import time
 
@@ -41,6 +42,10 @@ class _Generators:
                     break
                 self.cv.wait(0.05)
         time.sleep(0.05)  # an ended generator's finalizer runs in tf.data's thread, in Python
+        # Iterators in reference cycles (a training loop's objects often form them) would otherwise be
+        # destroyed by the collection during finalization, where a destructor that waits for a tf.data
+        # thread in Python never returns; collected here, their threads can still take the GIL.
+        gc.collect()
 
     def enter(self, started: bool = False) -> None:
         with self.cv:

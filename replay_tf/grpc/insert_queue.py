@@ -11,8 +11,6 @@ import threading
 import traceback
 from typing import Optional
 
-import grpc
-
 from replay_tf import errors
 from replay_tf.core import table as table_lib
 from replay_tf.grpc import common
@@ -86,7 +84,7 @@ class InsertStreamState:
             while self.outstanding and self.error is None:
                 self.cv.wait(common.WAIT_SLICE_MS / 1000.0)
                 if not self.active():
-                    raise statuses.StatusError(grpc.StatusCode.CANCELLED, "the client closed the stream")
+                    raise statuses.client_gone()
 
 
 class InsertQueue:
@@ -127,7 +125,7 @@ class InsertQueue:
             while len(self._pending) >= self.limit:  # back-pressure: the stream is not read meanwhile
                 self._cv.wait(common.WAIT_SLICE_MS / 1000.0)
                 if not stream.active():
-                    raise statuses.StatusError(grpc.StatusCode.CANCELLED, "the client closed the stream")
+                    raise statuses.client_gone()
             self._pending.append((item, stream))
             stream.queued()
             if not self._working:
@@ -145,7 +143,7 @@ class InsertQueue:
             error = None
             try:
                 if not stream.active():
-                    raise statuses.StatusError(grpc.StatusCode.CANCELLED, "the client closed the stream")
+                    raise statuses.client_gone()
                 _insert(self._table, item, stream)
             except Exception as e:  # noqa: BLE001  (reported to the item's stream)
                 error = e
@@ -164,4 +162,4 @@ def _insert(table: table_lib.Table, item, stream: InsertStreamState) -> None:
             return
         except errors.DeadlineExceededError:
             if not stream.active():
-                raise statuses.StatusError(grpc.StatusCode.CANCELLED, "the client closed the stream") from None
+                raise statuses.client_gone() from None

@@ -99,7 +99,7 @@ class SampleStreams:
             if deadline is not None:
                 slice_ms = min(slice_ms, max(0.0, (deadline - time.monotonic()) * 1000.0))
             if cancelled.is_set():
-                raise statuses.StatusError(grpc.StatusCode.CANCELLED, "the client closed the stream")
+                raise statuses.client_gone()
             try:
                 batch = table.sample(num_samples, timeout_ms=slice_ms, cancelled=cancelled)
             except errors.DeadlineExceededError:
@@ -107,7 +107,7 @@ class SampleStreams:
                     raise statuses.StatusError(grpc.StatusCode.DEADLINE_EXCEEDED,
                                                errors.RATE_LIMITER_TIMEOUT_MESSAGE) from None
                 if not context.is_active():
-                    raise statuses.StatusError(grpc.StatusCode.CANCELLED, "the client closed the stream") from None
+                    raise statuses.client_gone() from None
                 waited = True
                 continue
             if waited and batch:
@@ -159,7 +159,7 @@ class SampleStreams:
             if ring is not None and layout.size <= ring.slot_bytes:
                 acquired = ring.acquire(cancelled.is_set)
                 if acquired is None:
-                    raise statuses.StatusError(grpc.StatusCode.CANCELLED, "the client closed the stream")
+                    raise statuses.client_gone()
                 slot, buffer = acquired
                 fits = layout.gather_into(buffer, items, tensors_of, pending_of)
                 del buffer

@@ -15,7 +15,7 @@ from google.protobuf import message as protobuf_message
 from replay_tf import errors
 from replay_tf.wire import limits
 
-__all__ = ["StatusError", "parse", "run_stream", "run_unary"]
+__all__ = ["StatusError", "client_gone", "parse", "run_stream", "run_unary"]
 
 _log = logging.getLogger(__name__)
 
@@ -27,6 +27,11 @@ class StatusError(Exception):
         super().__init__(details)
         self.code = code
         self.details = details
+
+
+def client_gone() -> StatusError:
+    """The CANCELLED status a stream's handler ends with once its client has gone away."""
+    return StatusError(grpc.StatusCode.CANCELLED, "the client closed the stream")
 
 
 def parse(message_class, raw: bytes):

@@ -66,3 +66,88 @@ def test_works_inside_interleave():
 
     dataset = tf.data.Dataset.range(4).interleave(lambda _: _dataset(make), cycle_length=4, num_parallel_calls=4)
     assert sorted(int(e["a"][0]) for e in dataset) == [0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2]
+
+
+# Every dtype the packed hand-over carries, with row shapes of none, one and two dimensions (and none wide).
+_ALL_DTYPES = [(tf.bool, [3]), (tf.int8, []), (tf.uint8, [2, 2]), (tf.int16, [1]), (tf.uint16, []),
+               (tf.int32, [2]), (tf.uint32, []), (tf.int64, [2, 1]), (tf.uint64, []), (tf.float16, [2]),
+               (tf.bfloat16, []), (tf.float32, [0]), (tf.float64, [3])]
+
+
+def _all_dtypes_element(rows: int) -> list:
+    rng = np.random.default_rng(rows)
+    element = []
+    for dtype, shape in _ALL_DTYPES:
+        numpy_dtype = dtype.as_numpy_dtype
+        if dtype == tf.bool:
+            values = rng.integers(0, 2, [rows, *shape]).astype(bool)
+        elif dtype.is_integer:
+            info = np.iinfo(numpy_dtype)  # (the extremes catch a sign or width mix-up)
+            values = rng.integers(info.min, info.max, [rows, *shape], dtype=numpy_dtype, endpoint=True)
+            values.reshape(-1)[:2] = [info.min, info.max][:values.size]
+        else:
+            values = rng.normal(size=[rows, *shape]).astype(numpy_dtype)
+        element.append(values)
+    return element
+
+
+def test_small_numeric_rows_round_trip_through_one_packed_array():
+    spec = [tf.TensorSpec([None, *shape], dtype) for dtype, shape in _ALL_DTYPES]
+    sent = [_all_dtypes_element(rows) for rows in (3, 0, 1)]
+
+    def make(unused_arg):
+        yield from sent
+
+    dataset = _batch_source.batches(make, (b"x",), spec)
+    assert list(dataset.element_spec) == spec
+    received = list(dataset)
+    assert len(received) == 3
+    for got, expected in zip(received, sent):
+        for value, array, (dtype, _) in zip(got, expected, _ALL_DTYPES):
+            assert value.dtype == dtype and value.shape == array.shape
+            np.testing.assert_array_equal(value.numpy(), array)
+
+
+def _py_func_outputs(dataset) -> list:
+    """The output counts of the numpy_function calls in a dataset's graph (its functions included)."""
+    graph = tf.compat.v1.GraphDef.FromString(dataset._as_serialized_graph().numpy())
+    nodes = list(graph.node) + [n for f in graph.library.function for n in f.node_def]
+    return [len(n.attr["Tout"].list.type) for n in nodes if n.op in ("PyFunc", "PyFuncStateless")]
+
+
+def test_each_element_is_one_array_when_rows_are_small_and_numeric():
+    def make(unused_arg):
+        yield [np.zeros([1], np.int64), np.zeros([1, 2], np.float32)]
+
+    # (from_generator's own calls, which open and close the generator, have one output each too)
+    assert max(_py_func_outputs(_dataset(make))) == 1
+    wide = {"a": tf.TensorSpec([None], tf.int64), "b": tf.TensorSpec([None, 1024], tf.float32)}
+    text = {"a": tf.TensorSpec([None], tf.int64), "b": tf.TensorSpec([None], tf.string)}
+    ragged = {"a": tf.TensorSpec([None], tf.int64), "b": tf.TensorSpec([None, None], tf.float32)}
+    for spec in (wide, text, ragged):  # (each component its own array)
+        assert max(_py_func_outputs(_batch_source.batches(make, (b"x",), spec))) == 2
+
+
+def test_string_and_variable_shaped_components_are_handed_over_as_they_are():
+    spec = {"a": tf.TensorSpec([None], tf.string), "b": tf.TensorSpec([None, None], tf.float32)}
+
+    def make(unused_arg):
+        yield [np.array([b"x", b"yz"], object), np.ones([2, 3], np.float32)]
+
+    (element,) = list(_batch_source.batches(make, (b"x",), spec))
+    assert element["a"].numpy().tolist() == [b"x", b"yz"]
+    assert element["b"].numpy().tolist() == [[1.0] * 3] * 2
+
+
+@pytest.mark.parametrize("element, message", [
+    ([np.zeros([2], np.int32), np.zeros([2, 2], np.float32)], "component 0 of a batch has dtype int32, expected int64"),
+    ([np.zeros([2], np.int64), np.zeros([2, 3], np.float32)], r"component 1 of a batch has shape \[2, 3\], expected \[2, 2\]"),
+    ([np.zeros([2], np.int64), np.zeros([1, 2], np.float32)], r"component 1 of a batch has shape \[1, 2\], expected \[2, 2\]"),
+    ([np.zeros([2], np.int64)], "a batch has 1 components, expected 2"),
+])
+def test_a_packed_element_that_does_not_match_its_spec_is_an_error_naming_the_component(element, message):
+    def make(unused_arg):
+        yield element
+
+    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+        list(_dataset(make))

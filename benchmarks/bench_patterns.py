@@ -1,11 +1,14 @@
 """pattern_map and batch side by side with rlds 0.1.8 (dm-reverb 0.14's PatternDataset) in the peer venv.
 
 Workloads (one process each side, same data, best of 3 full passes):
-  - pattern_map_from_transform(transition).batch(256) on 200 episodes x 100 steps, [10, 5] float32 obs.
+  - pattern_map_from_transform(transition).batch(256) on 200 episodes x 100 steps, [10, 5] float32 obs,
+    each episode's `steps` built inside a `map` (as TFDS decoding builds them); also unbatched (pulled in
+    the graph), and the first pass of each including the pipeline's setup.
   - transformations.batch(size=2, shift=1) over the 20,000 flat steps.
 
-Rates are steady-state: one warmed-up iterator per workload, so the (larger, for us) one-off cost of
-instantiating the pipeline's functions is not timed. Each workload also reports items per CPU-second of
+Rates are steady-state (one warmed-up iterator per workload, so the one-off cost of instantiating the
+pipeline's functions is not timed), except the first-pass rows: from building the pipeline with a transform
+function not traced before to the end of its first pass. Each workload also reports items per CPU-second of
 the process (all threads): on a loaded shared machine the wall-clock rates swing by 2x and more, while
 CPU efficiency barely moves; on an idle machine our pipelines also use a second core, which only the
 wall-clock rates show. Two bound rows put the rate of just reading the steps (and of reading them into
@@ -74,7 +77,34 @@ def drain(ds, n=E * T):
     # `shard(n, 0)` pulls n elements in the graph and returns one: no Python per element.
     return steady_rate(ds.shard(n, 0), next, n)
 
+def first_pass_rate(make, pull, repeats=3):
+    # Transitions per second of one pass from building the pipeline on (tracing and instantiating its
+    # functions included), best of `repeats`; each build gets a transform function of its own, so nothing
+    # traced for an earlier one is reused.
+    import time
+    best = 0.0
+    for _ in range(repeats):
+        def fresh_transition(step):
+            return transition(step)
+        start = time.perf_counter()
+        pull(make(fresh_transition))
+        best = max(best, E * (T - 1) / (time.perf_counter() - start))
+    return best
+
+def pull_all(ds):
+    for _ in ds:
+        pass
+
 results = {{}}
+# TensorFlow's own one-off start-up (first dataset, first function) is not part of any first pass.
+pull_all(steps.batch(4096).map(lambda s: tf.reduce_sum(s['reward'])))
+results['first_pass'] = first_pass_rate(
+    lambda fn: rlds.transformations.pattern_map_from_transform(episodes, fn).batch(256), pull_all)
+# (unbatched: `shard(n, 0)` pulls the n transitions in the graph and returns one)
+results['first_pass_unbatched'] = first_pass_rate(
+    lambda fn: rlds.transformations.pattern_map_from_transform(episodes, fn).shard(E * (T - 1), 0), pull_all)
+results['unbatched'], results['unbatched_cpu'] = steady_rate(
+    rlds.transformations.pattern_map_from_transform(episodes, transition).shard(E * (T - 1), 0), next, E * (T - 1))
 results['transitions'], results['transitions_cpu'] = steady_rate(transitions, batches, E * (T - 1))
 results['pairs'], results['pairs_cpu'] = drain(pairs)
 # What bounds batch(size=2, shift=1) on any public-API pipeline: one thread reads every step (7 tensors
@@ -119,6 +149,15 @@ def main() -> None:
     rows = [
         {"workload": f"pattern_map_from_transform(transition).batch(256), {NUM_EPISODES}x{EPISODE_LENGTH}, "
                      f"obs [10,5] f32", "ours": ours["transitions"], "peer": theirs and theirs["transitions"],
+         "peer_name": "rlds 0.1.8 + reverb 0.14 PatternDataset", "unit": "transitions/s"},
+        {"workload": "same, first pass including pipeline setup (steps built in a map, as TFDS decodes)",
+         "ours": ours["first_pass"], "peer": theirs and theirs["first_pass"],
+         "peer_name": "rlds 0.1.8 + reverb 0.14 PatternDataset", "unit": "transitions/s"},
+        {"workload": "pattern_map_from_transform(transition) unbatched, first pass including setup",
+         "ours": ours["first_pass_unbatched"], "peer": theirs and theirs["first_pass_unbatched"],
+         "peer_name": "rlds 0.1.8 + reverb 0.14 PatternDataset", "unit": "transitions/s"},
+        {"workload": "pattern_map_from_transform(transition) unbatched, steady state",
+         "ours": ours["unbatched"], "peer": theirs and theirs["unbatched"],
          "peer_name": "rlds 0.1.8 + reverb 0.14 PatternDataset", "unit": "transitions/s"},
         {"workload": "same, episodes with stacked steps (vectorized path)", "ours": ours["stacked"],
          "peer": theirs and theirs["transitions"], "peer_name": "rlds 0.1.8 (nested steps; no stacked path)",

@@ -10,6 +10,9 @@ steps per step), of a small `Trajectory`-like step (observation f32[4], scalars)
   the sequence function), `batch(64, drop_remainder=True)`, with `num_parallel_calls` AUTOTUNE (None) or 3;
 - acme's `make_reverb_dataset(batch_size=256, num_parallel_calls=N)`: `range(N).interleave` of N
   `TrajectoryDataset.from_table_signature(max_in_flight_samples_per_worker=512).batch(256)`;
+- the same pipeline over sources that do no work (one numpy_function call per batch of
+  `3 * (64 // N)` samples returning a prepared array): the rate no source handing its batches over through
+  `numpy_function` can pass, next to dm-reverb's real one;
 - TF-Agents' DQN tutorial loop's replay part: one step appended and one item created, then one
   `next(iterator)` of the N = 32 dataset (seconds per 1,500 iterations; lower is better).
 
@@ -79,18 +82,41 @@ def add_step(writer, i):
     if writer.episode_steps >= 2:
         writer.create_item('t', 1.0, tf.nest.map_structure(lambda c: c[-2:], writer.history))
 
-def tf_agents_dataset(address, sample_batch_size, num_cycles, num_parallel_calls):
+def trajectory_dataset(address, max_in_flight):
+    """One of the TrajectoryDatasets TF-Agents' as_dataset interleaves."""
+    shapes = tf.nest.map_structure(lambda s: (2,) + s.shape, STEP_SPEC)
+    dtypes = tf.nest.map_structure(lambda s: s.dtype, STEP_SPEC)
+    return reverb.TrajectoryDataset(address, 't', dtypes, shapes, max_in_flight_samples_per_worker=max_in_flight,
+                                    num_workers_per_iterator=-1, max_samples_per_stream=-1,
+                                    rate_limiter_timeout_ms=-1)
+
+def no_work_dataset(unused_address, max_in_flight):
+    """A source of the same elements that does no work: each batch of `max_in_flight` samples is one
+    numpy_function call returning a prepared array, the samples' bytes side by side (how a TrajectoryDataset
+    of this process hands a batch of small samples to TensorFlow), split in the graph."""
+    n = max_in_flight
+    info = [np.zeros([n], np.uint64), np.zeros([n]), np.zeros([n], np.int64), np.zeros([n]), np.zeros([n], np.int32)]
+    data = [np.zeros([n, 2, *s.shape], s.dtype.as_numpy_dtype) for s in tf.nest.flatten(STEP_SPEC)]
+    flat = info + data
+    packed = np.concatenate([a.reshape(n, -1).view(np.uint8) for a in flat], axis=1)
+
+    def read(_):
+        out = tf.numpy_function(lambda _: packed, [_], tf.uint8, stateful=True)
+        out.set_shape(packed.shape)
+        parts = tf.split(out, [a[0].nbytes for a in flat], axis=1)
+        values = [tf.reshape(tf.bitcast(tf.reshape(p, [n, -1, a.itemsize]), a.dtype), a.shape)
+                  for p, a in zip(parts, flat)]
+        return reverb.ReplaySample(reverb.SampleInfo(*values[:5]), tf.nest.pack_sequence_as(STEP_SPEC, values[5:]))
+
+    return tf.data.Dataset.from_tensors(np.int64(0)).repeat().map(read).unbatch()
+
+def tf_agents_dataset(address, sample_batch_size, num_cycles, num_parallel_calls, source=trajectory_dataset):
     """tf_agents.ReverbReplayBuffer(max_cycle_length=num_cycles).as_dataset(sample_batch_size, num_steps=2)."""
     cycle_length = min(sample_batch_size, num_cycles)
     per_interleave = sample_batch_size // cycle_length
-    shapes = tf.nest.map_structure(lambda s: (2,) + s.shape, STEP_SPEC)
-    dtypes = tf.nest.map_structure(lambda s: s.dtype, STEP_SPEC)
 
     def generate(_):
-        dataset = reverb.TrajectoryDataset(address, 't', dtypes, shapes,
-                                           max_in_flight_samples_per_worker=3 * per_interleave,
-                                           num_workers_per_iterator=min(-1, per_interleave),
-                                           max_samples_per_stream=-1, rate_limiter_timeout_ms=-1)
+        dataset = source(address, 3 * per_interleave)
 
         def broadcast_info(info_traj):
             info, traj = info_traj
@@ -140,6 +166,9 @@ for n in SHAPES:
         if calls is not None and n < 3:
             continue
         emit(f'tf_agents/{n}/{calls}', samples_per_s(tf_agents_dataset(address, 64, n, calls), 64, SECONDS))
+        if n >= 12:
+            emit(f'no_work/{n}/{calls}', samples_per_s(tf_agents_dataset(address, 64, n, calls, no_work_dataset),
+                                                        64, SECONDS))
     emit(f'acme/{n}', samples_per_s(acme_dataset(address, 256, n), 256, SECONDS))
 emit('dqn', dqn_loop(address, writer, 1500, NUM_ITEMS + 1))
 server.stop()
@@ -267,6 +296,10 @@ def _workload_name(key: str) -> tuple:
         n, calls = rest
         return (f"TF-Agents as_dataset(64, num_steps=2): {n} interleaved TrajectoryDataset(s) of {64 // int(n)}, "
                 f"num_parallel_calls={'AUTOTUNE' if calls == 'None' else calls}", "samples/s")
+    if kind == "no_work":
+        n, calls = rest
+        return (f"bound: the same pipeline ({n} cycles, num_parallel_calls={'AUTOTUNE' if calls == 'None' else calls})"
+                f" over numpy_function sources that do no work, {3 * (64 // int(n))} samples per call", "samples/s")
     return f"acme make_reverb_dataset(batch_size=256, num_parallel_calls={rest[0]})", "samples/s"
 
 
@@ -281,6 +314,10 @@ def main(shapes=SHAPES, seconds: float = 1.0, num_items: int = NUM_ITEMS) -> Non
         workload, unit = _workload_name(key)
         row = {"workload": workload, "ours": value, "peer": theirs.get(key),
                "peer_name": "dm-reverb 0.14 in-process", "unit": unit}
+        if key.startswith("no_work/"):  # against dm-reverb's real source: the most a numpy_function source reaches
+            row.update(peer=theirs.get(key.replace("no_work/", "tf_agents/")),
+                       peer_name="dm-reverb 0.14 in-process, real TrajectoryDatasets",
+                       peer_no_work_tf_2_15=theirs.get(key))
         if key == "dqn" and value and theirs.get(key):
             row["ratio"] = theirs[key] / value  # (seconds: higher ratio is better, as everywhere)
         rows.append(row)

@@ -63,7 +63,8 @@ class PatternDataset(tf.data.Dataset):
         self._input_dataset = input_dataset
         self._dataset = compile_lib.compile_blocks(blocks, configs, step_spec,
                                                    respect_episode_boundaries=respect_episode_boundaries,
-                                                   is_last_fn=lambda block: block[1])
+                                                   is_last_fn=lambda block: block[1],
+                                                   in_parallel=not compile_lib.large_blocks(flagged.element_spec))
         super().__init__(self._dataset._variant_tensor)
 
     @property
@@ -72,6 +73,12 @@ class PatternDataset(tf.data.Dataset):
 
     def _inputs(self):
         return [self._input_dataset]
+
+    def batch(self, batch_size, drop_remainder=False, num_parallel_calls=None, deterministic=None, name=None):
+        """`tf.data.Dataset.batch`, cut straight from the compiled graph's blocks of items where it can be
+        (`rlds_tf.patterns.items_dataset`)."""
+        return self._dataset.batch(batch_size, drop_remainder=drop_remainder, num_parallel_calls=num_parallel_calls,
+                                   deterministic=deterministic, name=name)
 
 
 def pattern_dataset_with_info(input_dataset: tf.data.Dataset, configs: Sequence[Any],

@@ -6,13 +6,13 @@ reads, the step index within the episode, the buffer fill and, per config, `step
 a block everything is vectorized: the left value of every condition for every step, which configs fire
 at which step (at append time, and again at the end of the episode for configs not applied at that step),
 and one `tf.gather` per pattern leaf. The items of a block come out in Reverb's order (step, then
-append/end-of-episode, then config) and `unbatch()` turns them into elements.
+append/end-of-episode, then config) and an `ItemsDataset` (or `unbatch()`) turns them into elements.
 
 The semantics are those of Reverb's StructuredWriter feeding a PatternDataset; the shared rules live in
 `configs.py` and the per-condition comparison in `conditions.ConditionNode.evaluate`, which the online
 `evaluator.PatternEvaluator` uses too.
 
-Iterators over the result are checkpointable (scan, map and unbatch all save their state).
+Iterators over the result are checkpointable (scan, map, unbatch and rebatch all save their state).
 """
 from __future__ import annotations
 
@@ -24,19 +24,20 @@ import tree
 
 from rlds_tf.patterns import conditions as conditions_lib
 from rlds_tf.patterns import configs as configs_lib
+from rlds_tf.patterns import items_dataset
 from rlds_tf.patterns import nodes
 
 _log = logging.getLogger(__name__)
 
 
 
-def _condition_left(condition, *, step_index, buffer_length, is_end, flat_block):
+def _condition_left(condition, *, step_index, buffer_length, is_end: bool, flat_block):
     if condition.left == "step_index":
         return step_index
     if condition.left == "buffer_length":
         return buffer_length
     if condition.left == "is_end_episode":
-        return tf.cast(is_end, tf.int64)
+        return (tf.ones_like if is_end else tf.zeros_like)(step_index)
     if condition.left == "flat_source_index":
         column = flat_block[condition.flat_source_index]
         if conditions_lib.data_column_problem(condition.flat_source_index, column.dtype,
@@ -58,8 +59,10 @@ def _evaluate(condition, left: Optional[tf.Tensor], like: tf.Tensor) -> tf.Tenso
 
 
 def _all(masks: list, like: tf.Tensor) -> tf.Tensor:
-    out = tf.ones_like(like, dtype=tf.bool)
-    for m in masks:
+    if not masks:
+        return tf.ones_like(like, dtype=tf.bool)
+    out = masks[0]
+    for m in masks[1:]:
         out = tf.logical_and(out, m)
     return out
 
@@ -67,7 +70,7 @@ def _all(masks: list, like: tf.Tensor) -> tf.Tensor:
 def compile_blocks(blocks: tf.data.Dataset, configs: Sequence[Any], step_spec: Any, *,
                    respect_episode_boundaries: bool,
                    is_last_fn: Callable[[Any], tf.Tensor],
-                   cumulative_history: bool = True) -> tf.data.Dataset:
+                   cumulative_history: bool = True, in_parallel: bool = True) -> tf.data.Dataset:
     """Applies `configs` to a dataset of step blocks (each a nest shaped like `step_spec` plus a leading dim).
 
     Args:
@@ -80,6 +83,10 @@ def compile_blocks(blocks: tf.data.Dataset, configs: Sequence[Any], step_spec: A
       is_last_fn: block -> [B] bool, True where a step ends its episode.
       cumulative_history: the implicit buffer-length rule of Reverb's PatternDataset (see
         `configs.with_buffer_length_conditions`).
+      in_parallel: evaluate blocks in parallel, after a scan that carries only the state across them;
+        False evaluates each block inside the scan, which builds one function instead of two (its graph
+        is most of a pipeline's setup time): for streams of few large blocks (`large_blocks`), whose
+        evaluation costs little next to reading their steps.
 
     Returns:
       A dataset of items with `configs.infer_signature(configs, step_spec)` as element spec.
@@ -122,16 +129,17 @@ def compile_blocks(blocks: tf.data.Dataset, configs: Sequence[Any], step_spec: A
         tf.zeros([len(ssa_configs)], tf.int64),  # steps_since_applied of the configs that test it
     )
 
-    def step_fn(state, block):
+    def step_fn(state, block, carry=True):
+        """`(next state, items)` of a block; with `carry` False the items alone (`(None, items)`)."""
         hist, first, s0, n0, ssa0 = state
         flat_block = tree.flatten(block)
         is_last = tf.reshape(tf.cast(is_last_fn(block), tf.bool), [-1])
-        size = tf.shape(is_last, out_type=tf.int64)[0]
+        size = tf.size(is_last, out_type=tf.int64)
         t = tf.range(size, dtype=tf.int64)
 
-        # step_index[t]: steps since the last episode end before t (s0 carries the count into the block).
-        prev_last = tf.concat([[False], is_last], 0)[:size]
-        segment = tf.cumsum(tf.cast(prev_last, tf.int64))
+        # step_index[t]: steps since the last episode end before t (s0 carries the count into the block);
+        # segment[t] counts the episode ends before step t.
+        segment = tf.cumsum(tf.cast(is_last, tf.int64), exclusive=True)
         seg_start = tf.math.unsorted_segment_min(t, segment, num_segments=size + 1)
         step_index = tf.where(segment == 0, s0 + t, t - tf.gather(seg_start, segment))
         if respect_episode_boundaries:
@@ -144,16 +152,18 @@ def compile_blocks(blocks: tf.data.Dataset, configs: Sequence[Any], step_spec: A
         fire_append, fire_end, ssa_conds = [], [], []
         for k, config in enumerate(configs):
             stateless = [c for c in config.conditions if c.left != "steps_since_applied"]
-            at_append = _all([_evaluate(c, _condition_left(c, is_end=tf.zeros_like(is_last), **lefts), is_last)
+            at_append = _all([_evaluate(c, _condition_left(c, is_end=False, **lefts), is_last)
                               for c in stateless], is_last)
+            fire_append.append(at_append)
+            ssa_conds.append([c for c in config.conditions if c.left == "steps_since_applied"])
+            if not has_end_conditions and not ssa_configs:
+                continue  # (fire_end is only read where is_end_episode conditions or a scan need it)
             if has_end_conditions and any(c.left == "is_end_episode" for c in config.conditions):
-                at_end = _all([_evaluate(c, _condition_left(c, is_end=tf.ones_like(is_last), **lefts), is_last)
+                at_end = _all([_evaluate(c, _condition_left(c, is_end=True, **lefts), is_last)
                                for c in stateless], is_last)
             else:
                 at_end = at_append
-            fire_append.append(at_append)
             fire_end.append(tf.logical_and(is_last, at_end))
-            ssa_conds.append([c for c in config.conditions if c.left == "steps_since_applied"])
 
         ssa_new = ssa0
         if ssa_configs:
@@ -178,7 +188,7 @@ def compile_blocks(blocks: tf.data.Dataset, configs: Sequence[Any], step_spec: A
                 fire_append[k] = a_all[:, j]
                 fire_end[k] = e_all[:, j]
             ssa_new = tf.cond(size > 0, lambda: ssa_all[-1], lambda: ssa0)
-        for k in range(num_configs):
+        for k in range(len(fire_end) if has_end_conditions else 0):
             # A config never applies twice at one step: the end-of-episode pass skips those applied.
             fire_end[k] = tf.logical_and(fire_end[k], tf.logical_not(fire_append[k]))
 
@@ -189,8 +199,8 @@ def compile_blocks(blocks: tf.data.Dataset, configs: Sequence[Any], step_spec: A
             item_step, item_config = where[:, 0], where[:, 2]
         elif num_configs == 1:
             # Without is_end_episode conditions nothing fires at the end that did not fire at append.
-            item_step = tf.where(fire_append[0])[:, 0]
-            item_config = tf.zeros_like(item_step)
+            item_step = tf.reshape(tf.where(fire_append[0]), [-1])
+            item_config = None  # (only one config: never read)
         else:
             where = tf.where(tf.stack(fire_append, 1))  # [B, K]
             item_step, item_config = where[:, 0], where[:, 1]
@@ -203,15 +213,21 @@ def compile_blocks(blocks: tf.data.Dataset, configs: Sequence[Any], step_spec: A
                 old = hist[j]
             buffers[c] = tf.concat([old, flat_block[c]], 0)
 
+        rows_of: dict = {}  # (one index tensor per distinct row offset: every op costs building time)
+
+        def item_rows(offset: int) -> tf.Tensor:
+            if offset not in rows_of:
+                rows_of[offset] = item_step + offset
+            return rows_of[offset]
+
         def gather_node(node, pad_to=None):
             buf = buffers[node.flat_source_index]
             h = histories[node.flat_source_index]
             # Row of step t in `buf` is h + t; offset -1 is step t itself, so offset o is row h + t + 1 + o.
-            base = h + 1 + item_step
             if node.squeeze:
-                return tf.gather(buf, base + node.stop)
+                return tf.gather(buf, item_rows(h + 1 + node.stop))
             offsets = tf.constant(nodes.node_offsets(node), tf.int64)
-            values = tf.gather(buf, base[:, None] + offsets[None, :])
+            values = tf.gather(buf, item_rows(h + 1)[:, None] + offsets[None, :])
             if pad_to is not None and pad_to > len(nodes.node_offsets(node)):
                 pad = [[0, 0], [0, pad_to - len(nodes.node_offsets(node))]] + [[0, 0]] * (values.shape.rank - 2)
                 values = tf.pad(values, pad)
@@ -235,22 +251,22 @@ def compile_blocks(blocks: tf.data.Dataset, configs: Sequence[Any], step_spec: A
                 flat_items.append(value)
             if i in ragged_leaves:
                 lengths.append(tf.gather(tf.constant([len(nodes.node_offsets(p[i])) for p in patterns],
-                                                     tf.int64), item_config))
+                                                     tf.int64),
+                                         tf.zeros_like(item_step) if item_config is None else item_config))
 
-        # Carry the newest `history` rows of every column and the counters into the next block.
-        new_hist = tuple(buffers[c][-histories[c]:] for c in columns)
-        last_index = tf.maximum(size - 1, 0)
-        ends_episode = tf.logical_and(size > 0, tf.gather(tf.concat([is_last, [False]], 0), last_index))
-        s_new = tf.where(size > 0, tf.where(ends_episode, tf.constant(0, tf.int64),
-                                            tf.gather(tf.concat([step_index, [0]], 0), last_index) + 1), s0)
-        if respect_episode_boundaries:
-            n_new = tf.minimum(s_new, capacity)
-        else:
-            n_new = tf.minimum(n0 + size, capacity)
         if ragged_leaves:
             out = tuple(flat_items), tuple(lengths)
         else:
             out = tree.unflatten_as(signature, flat_items)
+        if not carry:
+            return None, out
+        # Carry the newest `history` rows of every column and the counters into the next block.
+        new_hist = tuple(_last_rows(buffers[c], histories[c]) for c in columns)
+        s_new = _next_step_index(is_last, t, size, s0)
+        if respect_episode_boundaries:
+            n_new = tf.minimum(s_new, capacity)
+        else:
+            n_new = tf.minimum(n0 + size, capacity)
         return (new_hist, tf.constant(False), s_new, n_new, ssa_new), out
 
     def carry_fn(state, block):
@@ -259,26 +275,26 @@ def compile_blocks(blocks: tf.data.Dataset, configs: Sequence[Any], step_spec: A
         flat_block = tree.flatten(block)
         is_last = tf.reshape(tf.cast(is_last_fn(block), tf.bool), [-1])
         size = tf.shape(is_last, out_type=tf.int64)[0]
-        last_end = tf.reduce_max(tf.where(is_last, tf.range(size, dtype=tf.int64), -1))
-        # Steps after the last episode end in this block start the next episode's count.
-        s_new = tf.where(last_end >= 0, size - 1 - last_end, s0 + size)
+        s_new = _next_step_index(is_last, tf.range(size, dtype=tf.int64), size, s0)
         n_new = tf.minimum(s_new if respect_episode_boundaries else n0 + size, capacity)
         new_hist = []
         for j, c in enumerate(columns):
             old = hist[j]
             if unknown_shape[c]:
                 old = _history_or_placeholder(hist[j], flat_block[c], histories[c], first)
-            new_hist.append(tf.concat([old, flat_block[c]], 0)[-histories[c]:])
+            new_hist.append(_last_rows(tf.concat([old, flat_block[c]], 0), histories[c]))
         return (tuple(new_hist), tf.constant(False), s_new, n_new, ssa0), (state, block)
 
-    if ssa_configs:
+    if ssa_configs or not in_parallel:
         # steps_since_applied depends on when the config last fired: evaluate inside the scan.
         items = blocks.scan(initial_state, tf.autograph.experimental.do_not_convert(step_fn))
     else:
         # Everything else only needs the carried state: evaluate blocks in parallel, in order.
         items = blocks.scan(initial_state, tf.autograph.experimental.do_not_convert(carry_fn)).map(
-            tf.autograph.experimental.do_not_convert(lambda state, block: step_fn(state, block)[1]),
+            tf.autograph.experimental.do_not_convert(lambda state, block: step_fn(state, block, carry=False)[1]),
             num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    if not ragged_leaves:
+        return items_dataset.ItemsDataset(items)
     items = items.unbatch()
     if ragged_leaves:
         def cut(flat_items, lengths):
@@ -289,6 +305,21 @@ def compile_blocks(blocks: tf.data.Dataset, configs: Sequence[Any], step_spec: A
             return tree.unflatten_as(signature, flat_items)
         items = items.map(cut)
     return items
+
+
+def _next_step_index(is_last: tf.Tensor, t: tf.Tensor, size: tf.Tensor, s0: tf.Tensor) -> tf.Tensor:
+    """The step index (within its episode) of the step after a block of `size` steps whose first step has
+    index `s0`: the steps after the block's last episode end, or `s0 + size` if no episode ends in it."""
+    last_end = tf.reduce_max(tf.where(is_last, t, -1))  # (-1: none; an empty block's maximum is lower)
+    return tf.where(last_end >= 0, size - 1 - last_end, s0 + size)
+
+
+def _last_rows(buffer: tf.Tensor, rows: int) -> tf.Tensor:
+    """The last `rows` rows of a buffer that has at least that many, with that leading dimension known
+    statically: a scan whose state changes shape traces its function again (the first pass pays for it)."""
+    last = buffer[-rows:]
+    last.set_shape([rows, *last.shape[1:]])
+    return last
 
 
 def _history_or_placeholder(history: tf.Tensor, block: tf.Tensor, length: int, first: tf.Tensor) -> tf.Tensor:
@@ -336,8 +367,11 @@ def episodes_to_blocks(episodes: tf.data.Dataset, steps_key: str,
     step_spec = steps_spec.element_spec
     rows = _block_rows(step_spec, block_size)
     if rows is not None:
-        groups = episodes.map(lambda e: e[steps_key]).window(_EPISODES_PER_GROUP)
-        return groups.interleave(lambda group: group.flat_map(lambda steps: steps).batch(rows), cycle_length=1,
+        # (each group a structure of datasets, like an episode's; no map to pick the steps first: every
+        # function of a pipeline adds to the time it takes to build and start)
+        groups = episodes.window(_EPISODES_PER_GROUP)
+        return groups.interleave(lambda group: group[steps_key].flat_map(lambda steps: steps).batch(rows),
+                                 cycle_length=1,
                                  block_length=1, num_parallel_calls=tf.data.AUTOTUNE,
                                  deterministic=True), step_spec
     # Shapes may differ between episodes, so blocks never mix two: one block per episode (a batch larger
@@ -346,6 +380,14 @@ def episodes_to_blocks(episodes: tf.data.Dataset, steps_key: str,
     return episodes.interleave(lambda e: e[steps_key].batch(_WHOLE_EPISODE), cycle_length=_PARALLEL_EPISODES,
                                block_length=1, num_parallel_calls=tf.data.AUTOTUNE,
                                deterministic=True), step_spec
+
+
+def large_blocks(step_spec: Any) -> bool:
+    """Whether `episodes_to_blocks` of nested steps and `steps_to_blocks` cut steps of `step_spec` into
+    blocks of at least `_LARGE_BLOCK_STEPS` steps (small steps of fully known shapes), rather than a few
+    large steps, one episode or one step each."""
+    rows = _block_rows(step_spec, None)
+    return rows is not None and rows >= _LARGE_BLOCK_STEPS
 
 
 def steps_to_blocks(steps: tf.data.Dataset, block_size: Optional[int] = None) -> tf.data.Dataset:
@@ -369,6 +411,7 @@ def _block_rows(step_spec: Any, block_size: Optional[int]) -> Optional[int]:
 # benchmarks/bench_patterns.py compares sizes), and at most this many steps.
 _BLOCK_BYTES = 512 * 1024
 _MAX_BLOCK_STEPS = 2048
+_LARGE_BLOCK_STEPS = 256
 _EPISODES_PER_GROUP = 16
 _WHOLE_EPISODE = 2 ** 62
 _PARALLEL_EPISODES = 4

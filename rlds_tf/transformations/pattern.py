@@ -16,6 +16,7 @@ from rlds_tf import patterns
 from rlds_tf import rlds_types
 from rlds_tf.patterns import compile as compile_lib
 from rlds_tf.patterns import configs as configs_lib
+from rlds_tf.patterns import items_dataset
 from rlds_tf.transformations import _cardinality
 
 
@@ -59,19 +60,28 @@ def pattern_map(episodes_dataset: tf.data.Dataset, configs: Sequence[Any],
     [[0, 1], [1, 2], [2, 3]]
     """
     blocks, spec = compile_lib.episodes_to_blocks(episodes_dataset, rlds_types.STEPS)
+    nested = isinstance(episodes_dataset.element_spec[rlds_types.STEPS], tf.data.DatasetSpec)
     items = compile_lib.compile_blocks(blocks, configs, spec, respect_episode_boundaries=respect_episode_boundaries,
-                                       is_last_fn=_is_last)
+                                       is_last_fn=_is_last,
+                                       in_parallel=not (nested and compile_lib.large_blocks(spec)))
     # The cardinality is asserted only when it is known while building (eagerly); inside traced code
     # (flat_map, interleave, map, tf.function) the episodes' cardinality is symbolic and stays unknown.
     num_episodes = _cardinality.static_cardinality(episodes_dataset)
     if num_episodes == tf.data.INFINITE_CARDINALITY:
         # Endless episodes give endless items only if configs fire; Reverb declares it infinite too.
-        items = items.apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY))
+        items = _with_cardinality(items, tf.data.INFINITE_CARDINALITY)
     elif num_episodes is not None:
         count = _static_item_count(episodes_dataset, num_episodes, configs, respect_episode_boundaries)
         if count is not None:
-            items = items.apply(tf.data.experimental.assert_cardinality(count))
+            items = _with_cardinality(items, count)
     return items
+
+
+def _with_cardinality(items: tf.data.Dataset, count: int) -> tf.data.Dataset:
+    """`items` of `count` elements (asserted), still batched from whole blocks where they were."""
+    if isinstance(items, items_dataset.ItemsDataset):
+        return items.with_cardinality(count)
+    return items.apply(tf.data.experimental.assert_cardinality(count))
 
 
 def _static_item_count(episodes_dataset: tf.data.Dataset, num_episodes: int, configs: Sequence[Any],

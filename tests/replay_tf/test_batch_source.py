@@ -140,9 +140,12 @@ def test_string_and_variable_shaped_components_are_handed_over_as_they_are():
 
 
 @pytest.mark.parametrize("element, message", [
-    ([np.zeros([2], np.int32), np.zeros([2, 2], np.float32)], "component 0 of a batch has dtype int32, expected int64"),
-    ([np.zeros([2], np.int64), np.zeros([2, 3], np.float32)], r"component 1 of a batch has shape \[2, 3\], expected \[2, 2\]"),
-    ([np.zeros([2], np.int64), np.zeros([1, 2], np.float32)], r"component 1 of a batch has shape \[1, 2\], expected \[2, 2\]"),
+    ([np.zeros([2], np.int32), np.zeros([2, 2], np.float32)],
+     "component 0 of a batch has dtype int32, expected int64"),
+    ([np.zeros([2], np.int64), np.zeros([2, 3], np.float32)],
+     r"component 1 of a batch has shape \[2, 3\], expected \[2, 2\]"),
+    ([np.zeros([2], np.int64), np.zeros([1, 2], np.float32)],
+     r"component 1 of a batch has shape \[1, 2\], expected \[2, 2\]"),
     ([np.zeros([2], np.int64)], "a batch has 1 components, expected 2"),
 ])
 def test_a_packed_element_that_does_not_match_its_spec_is_an_error_naming_the_component(element, message):

@@ -15,6 +15,7 @@ from dataset_testlib import assert_nested_equal
 from rlds_tf import patterns
 from rlds_tf import transformations
 from rlds_tf.patterns import compile as compile_lib
+from rlds_tf.patterns import items_dataset
 
 EPISODE_LENGTHS = [5, 1, 7, 3, 6]
 _N = sum(EPISODE_LENGTHS)
@@ -137,15 +138,18 @@ def _unflatten(out: dict, name: str, structure):
 
 
 @pytest.mark.peer
-@pytest.mark.parametrize("layout", ["nested_steps", "nested_steps_small_blocks", "stacked_steps"])
+@pytest.mark.parametrize("layout", ["nested_steps", "nested_steps_small_blocks", "nested_steps_small_blocks_in_scan",
+                                    "stacked_steps"])
 @pytest.mark.parametrize("name,respect,snippet", CASES, ids=[c[0] for c in CASES])
 def test_pattern_map_matches_reverb(expected, name, respect, snippet, layout, monkeypatch):
-    if layout == "nested_steps_small_blocks":
+    if layout.startswith("nested_steps_small_blocks"):
         # Nested steps are read in groups of episodes (normally 16), each flattened and cut into blocks
         # (normally ~2k steps), so all five episodes are one block here. Groups of 2 episodes and blocks
         # of 3 steps put episode boundaries at every position within a block, between blocks and groups.
         monkeypatch.setattr(compile_lib, "_MAX_BLOCK_STEPS", 3)
         monkeypatch.setattr(compile_lib, "_EPISODES_PER_GROUP", 2)
+    if layout == "nested_steps_small_blocks_in_scan":  # (blocks evaluated in the scan, as large ones are)
+        monkeypatch.setattr(compile_lib, "_LARGE_BLOCK_STEPS", 1)
     stacked = layout == "stacked_steps"
     configs = _configs(snippet)
     ours = transformations.pattern_map(_episodes(stacked), configs, respect)
@@ -171,6 +175,42 @@ def test_replay_tf_pattern_dataset_matches_reverb(expected, name, respect, snipp
     steps = _episodes().flat_map(lambda e: e["steps"])
     ours = replay_tf.PatternDataset(steps, _configs(snippet), respect, lambda step: step["is_last"])
     assert_nested_equal(list(ours), _unflatten(expected, name, ours.element_spec))
+
+
+def _dataset_ops(dataset: tf.data.Dataset) -> list:
+    """The dataset ops of a pipeline, functions included, and the number of its functions."""
+    graph = tf.compat.v1.GraphDef.FromString(dataset._as_serialized_graph().numpy())
+    nodes = list(graph.node) + [n for f in graph.library.function for n in f.node_def]
+    return [n.op for n in nodes if n.op.endswith("Dataset") or "Dataset" in n.op], len(graph.library.function)
+
+
+def test_large_blocks_are_evaluated_in_the_scan_and_small_ones_in_parallel():
+    # A pipeline's setup (tracing, then optimizing its functions when it starts) costs about as much as
+    # a pass over a few hundred episodes, so the first pass of nested small steps (few large blocks)
+    # builds one block function; per-episode blocks keep a parallel map after a scan of the state alone.
+    ref = patterns.create_reference_step(transformations.step_spec(_episodes()))
+    config = patterns.create_config({"x": ref["x"][-2:]}, table="t")
+    nested_ops, nested_functions = _dataset_ops(transformations.pattern_map(_episodes(), [config]))
+    stacked_ops, stacked_functions = _dataset_ops(transformations.pattern_map(_episodes(stacked=True), [config]))
+    assert nested_ops.count("ScanDataset") == 1 and "ParallelMapDatasetV2" not in nested_ops
+    assert stacked_ops.count("ScanDataset") == 1 and "ParallelMapDatasetV2" in stacked_ops
+    # The episodes' own map, the group's interleave and flat_map, the scan, unbatch's normalization.
+    assert nested_functions == 5
+
+
+def test_the_scan_state_keeps_its_shapes_so_the_block_function_is_traced_once(monkeypatch):
+    traced = []
+    real = compile_lib._last_rows
+
+    def counting(buffer, rows):
+        traced.append(rows)
+        return real(buffer, rows)
+
+    monkeypatch.setattr(compile_lib, "_last_rows", counting)
+    ref = patterns.create_reference_step(transformations.step_spec(_episodes()))
+    config = patterns.create_config({"x": ref["x"][-3:]}, table="t")
+    transformations.pattern_map(_episodes(), [config])
+    assert traced == [3]  # one column (x), one trace; a state whose shape changed would trace it again
 
 
 def test_open_ended_strided_slice_is_right_where_reverb_is_wrong():
@@ -303,6 +343,56 @@ def test_cardinality_is_known_where_static(respect, snippet, known):
     ds = transformations.pattern_map(episodes, scope["configs"], respect)
     count = len(list(ds))
     assert int(ds.cardinality()) == (count if known else tf.data.UNKNOWN_CARDINALITY)
+    if not all(s.shape.is_fully_defined() for s in tf.nest.flatten(ds.element_spec)):
+        return  # (items of several lengths: not batched as they are)
+    for drop_remainder, batches in ((False, -(-count // 2)), (True, count // 2)):
+        batched = ds.batch(2, drop_remainder=drop_remainder)
+        assert len(list(batched)) == batches
+        assert int(batched.cardinality()) == (batches if known else tf.data.UNKNOWN_CARDINALITY)
+
+
+def _batched_one_by_one(dataset, batch_size, drop_remainder):
+    """`Dataset.batch` itself: the items one element at a time, then stacked (the reference)."""
+    return tf.data.Dataset.batch(dataset, batch_size, drop_remainder=drop_remainder)
+
+
+@pytest.mark.parametrize("layout", ["nested_steps", "nested_steps_small_blocks", "stacked_steps"])
+@pytest.mark.parametrize("name,respect,snippet", CASES, ids=[c[0] for c in CASES])
+def test_batches_cut_from_blocks_equal_batches_of_the_items(name, respect, snippet, layout, monkeypatch):
+    if layout == "nested_steps_small_blocks":  # (blocks of 3 steps, some with no item)
+        monkeypatch.setattr(compile_lib, "_MAX_BLOCK_STEPS", 3)
+        monkeypatch.setattr(compile_lib, "_EPISODES_PER_GROUP", 2)
+    items = transformations.pattern_map(_episodes(layout == "stacked_steps"), _configs(snippet), respect)
+    if not all(s.shape.is_fully_defined() for s in tf.nest.flatten(items.element_spec)):
+        # Items of several lengths (configs slicing a leaf differently) are cut one by one: tf.data batches them.
+        assert not isinstance(items, items_dataset.ItemsDataset)
+        return
+    for batch_size, drop_remainder in ((1, False), (3, False), (3, True), (64, False)):
+        batched = items.batch(batch_size, drop_remainder=drop_remainder)
+        expected = _batched_one_by_one(items, batch_size, drop_remainder)
+        assert batched.element_spec == expected.element_spec
+        assert_nested_equal(list(batched), list(expected))
+
+
+def test_pattern_dataset_batches_are_cut_from_blocks_too():
+    import replay_tf  # noqa: PLC0415
+
+    configs = _configs("configs = [sw.create_config({'x': ref['x'][-2:], 'y': ref['y'][-1]}, 't')]")
+    items = replay_tf.PatternDataset(_episodes().flat_map(lambda e: e["steps"]), configs, True,
+                                     lambda step: step["is_last"])
+    batched = items.batch(4)
+    ops, _ = _dataset_ops(batched)
+    assert "RebatchDatasetV2" in ops and "UnbatchDataset" not in ops[ops.index("RebatchDatasetV2"):]
+    assert_nested_equal(list(batched), list(_batched_one_by_one(items, 4, False)))
+
+
+def test_batch_arguments_beyond_size_and_drop_remainder_batch_the_items_as_tf_data_does():
+    items = transformations.pattern_map(_episodes(), _configs("configs = [sw.create_config(ref['x'][-2:], 't')]"))
+    for batched in (items.batch(tf.constant(3, tf.int64)), items.batch(3, num_parallel_calls=2),
+                    items.batch(3, num_parallel_calls=2, deterministic=True)):
+        ops, _ = _dataset_ops(batched)
+        assert "RebatchDatasetV2" not in ops
+        assert_nested_equal(list(batched), list(_batched_one_by_one(items, 3, False)))
 
 
 _SPEC = {"observation": {"pos": tf.TensorSpec([3], tf.float32)}, "reward": tf.TensorSpec([], tf.float32),

@@ -133,19 +133,21 @@ def compile_blocks(blocks: tf.data.Dataset, configs: Sequence[Any], step_spec: A
         """`(next state, items)` of a block; with `carry` False the items alone (`(None, items)`)."""
         hist, first, s0, n0, ssa0 = state
         flat_block = tree.flatten(block)
-        is_last = tf.reshape(tf.cast(is_last_fn(block), tf.bool), [-1])
+        # Constants made once: each node of the traced function adds to the pipeline's setup time.
+        axis0, zero, one, flat = tf.constant(0), tf.constant(0, tf.int64), tf.constant(1, tf.int64), tf.constant([-1])
+        is_last = tf.reshape(tf.cast(is_last_fn(block), tf.bool), flat)
         size = tf.size(is_last, out_type=tf.int64)
-        t = tf.range(size, dtype=tf.int64)
+        t = tf.range(zero, size, one)
 
         # step_index[t]: steps since the last episode end before t (s0 carries the count into the block);
         # segment[t] counts the episode ends before step t.
-        segment = tf.cumsum(tf.cast(is_last, tf.int64), exclusive=True)
-        seg_start = tf.math.unsorted_segment_min(t, segment, num_segments=size + 1)
-        step_index = tf.where(segment == 0, s0 + t, t - tf.gather(seg_start, segment))
+        segment = tf.cumsum(tf.cast(is_last, tf.int64), axis=axis0, exclusive=True)
+        seg_start = tf.math.unsorted_segment_min(t, segment, num_segments=size + one)
+        step_index = tf.where(segment == zero, s0 + t, t - tf.gather(seg_start, segment, axis=axis0))
         if respect_episode_boundaries:
-            filled = step_index + 1  # the buffer is cleared whenever the step index is reset
+            filled = step_index + one  # the buffer is cleared whenever the step index is reset
         else:
-            filled = n0 + t + 1
+            filled = n0 + t + one
         buffer_length = tf.minimum(filled, capacity)
 
         lefts = dict(step_index=step_index, buffer_length=buffer_length, flat_block=flat_block)
@@ -199,7 +201,7 @@ def compile_blocks(blocks: tf.data.Dataset, configs: Sequence[Any], step_spec: A
             item_step, item_config = where[:, 0], where[:, 2]
         elif num_configs == 1:
             # Without is_end_episode conditions nothing fires at the end that did not fire at append.
-            item_step = tf.reshape(tf.where(fire_append[0]), [-1])
+            item_step = tf.reshape(tf.where(fire_append[0]), flat)
             item_config = None  # (only one config: never read)
         else:
             where = tf.where(tf.stack(fire_append, 1))  # [B, K]
@@ -211,7 +213,7 @@ def compile_blocks(blocks: tf.data.Dataset, configs: Sequence[Any], step_spec: A
                 old = _history_or_placeholder(hist[j], flat_block[c], histories[c], first)
             else:
                 old = hist[j]
-            buffers[c] = tf.concat([old, flat_block[c]], 0)
+            buffers[c] = tf.concat([old, flat_block[c]], axis0)
 
         rows_of: dict = {}  # (one index tensor per distinct row offset: every op costs building time)
 
@@ -225,9 +227,9 @@ def compile_blocks(blocks: tf.data.Dataset, configs: Sequence[Any], step_spec: A
             h = histories[node.flat_source_index]
             # Row of step t in `buf` is h + t; offset -1 is step t itself, so offset o is row h + t + 1 + o.
             if node.squeeze:
-                return tf.gather(buf, item_rows(h + 1 + node.stop))
+                return tf.gather(buf, item_rows(h + 1 + node.stop), axis=axis0)
             offsets = tf.constant(nodes.node_offsets(node), tf.int64)
-            values = tf.gather(buf, item_rows(h + 1)[:, None] + offsets[None, :])
+            values = tf.gather(buf, item_rows(h + 1)[:, None] + offsets[None, :], axis=axis0)
             if pad_to is not None and pad_to > len(nodes.node_offsets(node)):
                 pad = [[0, 0], [0, pad_to - len(nodes.node_offsets(node))]] + [[0, 0]] * (values.shape.rank - 2)
                 values = tf.pad(values, pad)

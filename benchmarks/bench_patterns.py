@@ -157,22 +157,21 @@ def main() -> None:
     # Alternate the two sides twice and keep each one's best: the machine is shared, so load drifts.
     ours, theirs = _ours(), _theirs()
     ours, theirs = _best(ours, _ours()), _best(theirs, _theirs())
+
+    def transitions_row(workload: str, key: str, peer_key: str | None = None, peer_note: str = "") -> dict:
+        return {"workload": workload, "ours": ours[key], "peer": theirs and theirs[peer_key or key],
+                "peer_name": "rlds 0.1.8 + reverb 0.14 PatternDataset" + peer_note, "unit": "transitions/s"}
+
     rows = [
-        {"workload": f"pattern_map_from_transform(transition).batch(256), {NUM_EPISODES}x{EPISODE_LENGTH}, "
-                     f"obs [10,5] f32", "ours": ours["transitions"], "peer": theirs and theirs["transitions"],
-         "peer_name": "rlds 0.1.8 + reverb 0.14 PatternDataset", "unit": "transitions/s"},
-        {"workload": "same, first pass including pipeline setup (steps built in a map, as TFDS decodes)",
-         "ours": ours["first_pass"], "peer": theirs and theirs["first_pass"],
-         "peer_name": "rlds 0.1.8 + reverb 0.14 PatternDataset", "unit": "transitions/s"},
-        {"workload": "bound: first pass of the same stages with a block function that does nothing",
-         "ours": ours["first_pass_no_work"], "peer": theirs and theirs["first_pass"],
-         "peer_name": "rlds 0.1.8 + reverb 0.14 PatternDataset (real)", "unit": "transitions/s"},
-        {"workload": "pattern_map_from_transform(transition) unbatched, first pass including setup",
-         "ours": ours["first_pass_unbatched"], "peer": theirs and theirs["first_pass_unbatched"],
-         "peer_name": "rlds 0.1.8 + reverb 0.14 PatternDataset", "unit": "transitions/s"},
-        {"workload": "pattern_map_from_transform(transition) unbatched, steady state",
-         "ours": ours["unbatched"], "peer": theirs and theirs["unbatched"],
-         "peer_name": "rlds 0.1.8 + reverb 0.14 PatternDataset", "unit": "transitions/s"},
+        transitions_row(f"pattern_map_from_transform(transition).batch(256), {NUM_EPISODES}x{EPISODE_LENGTH}, "
+                        f"obs [10,5] f32", "transitions"),
+        transitions_row("same, first pass including pipeline setup (steps built in a map, as TFDS decodes)",
+                        "first_pass"),
+        transitions_row("bound: first pass of the same stages with a block function that does nothing",
+                        "first_pass_no_work", "first_pass", " (real)"),
+        transitions_row("pattern_map_from_transform(transition) unbatched, first pass including setup",
+                        "first_pass_unbatched"),
+        transitions_row("pattern_map_from_transform(transition) unbatched, steady state", "unbatched"),
         {"workload": "same, episodes with stacked steps (vectorized path)", "ours": ours["stacked"],
          "peer": theirs and theirs["transitions"], "peer_name": "rlds 0.1.8 (nested steps; no stacked path)",
          "unit": "transitions/s"},

@@ -82,10 +82,9 @@ def _packing(flat_specs: list):
     """`(row_bytes, widths, layouts)` (each spec's elements per row and `(numpy dtype, row shape)`) when every
     spec is numeric (or bool) of one unknown leading dimension and fully defined otherwise, with rows of at
     most `_MAX_PACKED_ROW_BYTES`: such elements are handed over as one uint8 array of `[rows, row_bytes]`
-    (each component's row bytes side by side) and split in the graph.
-    TensorFlow converts every array a `numpy_function` returns in Python (about 6 us each on current
-    versions), so for the few-sample batches of many interleaved datasets one array costs several times
-    less. None otherwise."""
+    (each component's row bytes side by side) and split in the graph. TensorFlow converts every array a
+    `numpy_function` returns in Python (docs/benchmarks.md, tf_agents), so for the few-sample batches of
+    many interleaved datasets one array costs several times less. None otherwise."""
     widths, layouts = [], []
     row_bytes = 0
     for spec in flat_specs:
@@ -121,7 +120,7 @@ def _pack(element: list, packing: tuple) -> np.ndarray:
             raise ValueError(f"component {i} of a batch has shape {list(array.shape)}, expected "
                              f"{[rows, *shape]} ({rows} rows, as component 0)")
         parts.append(np.ascontiguousarray(array).reshape(rows, width).view(np.uint8))
-    return np.concatenate(parts, axis=1) if parts else np.empty((rows, 0), np.uint8)
+    return np.concatenate(parts, axis=1)  # (`_packing` packs at least one component)
 
 
 def _unpack(packed: tf.Tensor, flat_specs: list, packing: tuple) -> list:

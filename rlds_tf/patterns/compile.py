@@ -288,7 +288,8 @@ def compile_blocks(blocks: tf.data.Dataset, configs: Sequence[Any], step_spec: A
         return (tuple(new_hist), tf.constant(False), s_new, n_new, ssa0), (state, block)
 
     if ssa_configs or not in_parallel:
-        # steps_since_applied depends on when the config last fired: evaluate inside the scan.
+        # steps_since_applied depends on when the config last fired: evaluate inside the scan (as large
+        # blocks are, see `in_parallel`).
         items = blocks.scan(initial_state, tf.autograph.experimental.do_not_convert(step_fn))
     else:
         # Everything else only needs the carried state: evaluate blocks in parallel, in order.
@@ -297,16 +298,15 @@ def compile_blocks(blocks: tf.data.Dataset, configs: Sequence[Any], step_spec: A
             num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     if not ragged_leaves:
         return items_dataset.ItemsDataset(items)
-    items = items.unbatch()
-    if ragged_leaves:
-        def cut(flat_items, lengths):
-            flat_items = list(flat_items)
-            for j, i in enumerate(ragged_leaves):
-                flat_items[i] = flat_items[i][:lengths[j]]
-            flat_items = [tf.ensure_shape(x, spec.shape) for x, spec in zip(flat_items, flat_signature)]
-            return tree.unflatten_as(signature, flat_items)
-        items = items.map(cut)
-    return items
+
+    def cut(flat_items, lengths):
+        flat_items = list(flat_items)
+        for j, i in enumerate(ragged_leaves):
+            flat_items[i] = flat_items[i][:lengths[j]]
+        flat_items = [tf.ensure_shape(x, spec.shape) for x, spec in zip(flat_items, flat_signature)]
+        return tree.unflatten_as(signature, flat_items)
+
+    return items.unbatch().map(cut)
 
 
 def _next_step_index(is_last: tf.Tensor, t: tf.Tensor, size: tf.Tensor, s0: tf.Tensor) -> tf.Tensor:

@@ -1,4 +1,4 @@
-"""Nest-aware equality for tensors, numpy values and (nested) tf.data datasets."""
+"""Nest-aware equality for tensors, numpy values and (nested) tf.data datasets; the ops of their graphs."""
 from __future__ import annotations
 
 from typing import Any
@@ -75,3 +75,13 @@ def assert_iterator_checkpoint_roundtrip(dataset: tf.data.Dataset, directory, nu
     assert head + rest == full, f"saving after {num_before} elements changed what the iterator yields"
     checkpoint.restore(path)
     assert listed(iterator) == rest, f"restoring the save made after {num_before} elements did not replay the rest"
+
+
+def graph_nodes(graph_def) -> list:
+    """The nodes of a `GraphDef` and of every function in its library."""
+    return list(graph_def.node) + [node for function in graph_def.library.function for node in function.node_def]
+
+
+def dataset_graph(dataset: tf.data.Dataset):
+    """The `GraphDef` of a dataset's pipeline (its functions in the library)."""
+    return tf.compat.v1.GraphDef.FromString(dataset._as_serialized_graph().numpy())

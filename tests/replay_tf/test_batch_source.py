@@ -5,6 +5,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from dataset_testlib import dataset_graph
+from dataset_testlib import graph_nodes
 from replay_tf import _batch_source
 
 SPEC = {"a": tf.TensorSpec([None], tf.int64), "b": tf.TensorSpec([None, 2], tf.float32)}
@@ -110,9 +112,8 @@ def test_small_numeric_rows_round_trip_through_one_packed_array():
 
 def _py_func_outputs(dataset) -> list:
     """The output counts of the numpy_function calls in a dataset's graph (its functions included)."""
-    graph = tf.compat.v1.GraphDef.FromString(dataset._as_serialized_graph().numpy())
-    nodes = list(graph.node) + [n for f in graph.library.function for n in f.node_def]
-    return [len(n.attr["Tout"].list.type) for n in nodes if n.op in ("PyFunc", "PyFuncStateless")]
+    return [len(n.attr["Tout"].list.type) for n in graph_nodes(dataset_graph(dataset))
+            if n.op in ("PyFunc", "PyFuncStateless")]
 
 
 def test_each_element_is_one_array_when_rows_are_small_and_numeric():

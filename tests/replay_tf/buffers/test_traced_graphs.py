@@ -6,6 +6,7 @@ import collections
 import pytest
 import tensorflow as tf
 
+from dataset_testlib import graph_nodes
 import replay_tf
 
 # Storage dtypes that no counter, key or priority variable of the buffers uses, so an op on a variable of
@@ -26,9 +27,7 @@ BUFFERS = {
 def _storage_ops(concrete) -> collections.Counter:
     """(op type, dtype) counts of the ops on storage dtypes in a traced graph and every function it calls."""
     counts = collections.Counter()
-    graph_def = concrete.graph.as_graph_def()
-    nodes = list(graph_def.node) + [node for f in graph_def.library.function for node in f.node_def]
-    for node in nodes:
+    for node in graph_nodes(concrete.graph.as_graph_def()):
         for attr in ("dtype", "T", "Tparams"):
             if attr in node.attr and node.attr[attr].type in STORAGE_DTYPES:
                 counts[node.op] += 1

@@ -12,6 +12,8 @@ import tree
 
 from dataset_testlib import assert_iterator_checkpoint_roundtrip
 from dataset_testlib import assert_nested_equal
+from dataset_testlib import dataset_graph
+from dataset_testlib import graph_nodes
 from rlds_tf import patterns
 from rlds_tf import transformations
 from rlds_tf.patterns import compile as compile_lib
@@ -179,9 +181,8 @@ def test_replay_tf_pattern_dataset_matches_reverb(expected, name, respect, snipp
 
 def _dataset_ops(dataset: tf.data.Dataset) -> list:
     """The dataset ops of a pipeline, functions included, and the number of its functions."""
-    graph = tf.compat.v1.GraphDef.FromString(dataset._as_serialized_graph().numpy())
-    nodes = list(graph.node) + [n for f in graph.library.function for n in f.node_def]
-    return [n.op for n in nodes if n.op.endswith("Dataset") or "Dataset" in n.op], len(graph.library.function)
+    graph = dataset_graph(dataset)
+    return [n.op for n in graph_nodes(graph) if "Dataset" in n.op], len(graph.library.function)
 
 
 def test_large_blocks_are_evaluated_in_the_scan_and_small_ones_in_parallel():

@@ -117,7 +117,7 @@ if STACKED:
     # but pass three slices on, so only their setup and reading the steps are left.
     from rlds_tf.patterns import compile as compile_lib
     def no_work_pipeline(unused_fn):
-        blocks, _ = compile_lib.episodes_to_blocks(episodes, 'steps')
+        blocks, _, _ = compile_lib.episodes_to_blocks(episodes, 'steps')
         return blocks.scan(np.int64(0), lambda s, b: (s, {{'observation': b['observation'][1:],
                                                            'action': b['action'][1:],
                                                            'next_observation': b['observation'][:-1]}})

@@ -59,12 +59,12 @@ class PatternDataset(tf.data.Dataset):
         if not (isinstance(flag_spec, tf.TensorSpec) and flag_spec.is_compatible_with(_FLAG_SPEC)):
             raise ValueError(f"Invalid `is_end_of_episode`: it must return a scalar `bool` tensor, but its return "
                              f"type is {flag_spec}.")
-        blocks = compile_lib.steps_to_blocks(flagged)
+        blocks, large = compile_lib.steps_to_blocks(flagged)
         self._input_dataset = input_dataset
         self._dataset = compile_lib.compile_blocks(blocks, configs, step_spec,
                                                    respect_episode_boundaries=respect_episode_boundaries,
                                                    is_last_fn=lambda block: block[1],
-                                                   in_parallel=not compile_lib.large_blocks(flagged.element_spec))
+                                                   in_parallel=not large)
         super().__init__(self._dataset._variant_tensor)
 
     @property

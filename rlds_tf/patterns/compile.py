@@ -85,8 +85,8 @@ def compile_blocks(blocks: tf.data.Dataset, configs: Sequence[Any], step_spec: A
         `configs.with_buffer_length_conditions`).
       in_parallel: evaluate blocks in parallel, after a scan that carries only the state across them;
         False evaluates each block inside the scan, which builds one function instead of two (its graph
-        is most of a pipeline's setup time): for streams of few large blocks (`large_blocks`), whose
-        evaluation costs little next to reading their steps.
+        is most of a pipeline's setup time): for streams of few large blocks (as `episodes_to_blocks`
+        and `steps_to_blocks` report them), whose evaluation costs little next to reading their steps.
 
     Returns:
       A dataset of items with `configs.infer_signature(configs, step_spec)` as element spec.
@@ -346,8 +346,9 @@ def _lists_to_tuples(nest: Any) -> Any:
 
 
 def episodes_to_blocks(episodes: tf.data.Dataset, steps_key: str,
-                       block_size: Optional[int] = None) -> tuple[tf.data.Dataset, Any]:
-    """Blocks of steps from a dataset of episodes, and the spec of one step.
+                       block_size: Optional[int] = None) -> tuple[tf.data.Dataset, Any, bool]:
+    """Blocks of steps from a dataset of episodes, the spec of one step, and whether the blocks are large
+    (`_is_large`: evaluate them in the scan, see `compile_blocks`' `in_parallel`).
 
     Episodes hold their steps either as a nested `tf.data.Dataset` or, on the vectorized path, as stacked
     tensors with a leading time dimension; stacked episodes are one block each. Nested steps of a fully
@@ -365,7 +366,7 @@ def episodes_to_blocks(episodes: tf.data.Dataset, steps_key: str,
     steps_spec = episodes.element_spec[steps_key]
     if not isinstance(steps_spec, tf.data.DatasetSpec):
         step_spec = tree.map_structure(lambda s: tf.TensorSpec(s.shape[1:], s.dtype), steps_spec)
-        return episodes.map(lambda e: e[steps_key]), step_spec
+        return episodes.map(lambda e: e[steps_key]), step_spec, False
     step_spec = steps_spec.element_spec
     rows = _block_rows(step_spec, block_size)
     if rows is not None:
@@ -375,29 +376,27 @@ def episodes_to_blocks(episodes: tf.data.Dataset, steps_key: str,
         return groups.interleave(lambda group: group[steps_key].flat_map(lambda steps: steps).batch(rows),
                                  cycle_length=1,
                                  block_length=1, num_parallel_calls=tf.data.AUTOTUNE,
-                                 deterministic=True), step_spec
+                                 deterministic=True), step_spec, _is_large(rows)
     # Shapes may differ between episodes, so blocks never mix two: one block per episode (a batch larger
     # than any episode), several episodes at once; with exactly one element per input, a deterministic
     # interleave keeps the episodes in order.
     return episodes.interleave(lambda e: e[steps_key].batch(_WHOLE_EPISODE), cycle_length=_PARALLEL_EPISODES,
                                block_length=1, num_parallel_calls=tf.data.AUTOTUNE,
-                               deterministic=True), step_spec
+                               deterministic=True), step_spec, False
 
 
-def large_blocks(step_spec: Any) -> bool:
-    """Whether `episodes_to_blocks` of nested steps and `steps_to_blocks` cut steps of `step_spec` into
-    blocks of at least `_LARGE_BLOCK_STEPS` steps (small steps of fully known shapes), rather than a few
-    large steps, one episode or one step each."""
-    rows = _block_rows(step_spec, None)
+def _is_large(rows: Optional[int]) -> bool:
+    """Whether blocks of `rows` steps (None: one per step or episode) hold at least `_LARGE_BLOCK_STEPS`."""
     return rows is not None and rows >= _LARGE_BLOCK_STEPS
 
 
-def steps_to_blocks(steps: tf.data.Dataset, block_size: Optional[int] = None) -> tf.data.Dataset:
+def steps_to_blocks(steps: tf.data.Dataset, block_size: Optional[int] = None) -> tuple[tf.data.Dataset, bool]:
     """Blocks of a flat stream of steps: `block_size` steps each (default: about `_BLOCK_BYTES`, at most
     `_MAX_BLOCK_STEPS`) when every leaf of a step has a fully known shape, else one step each (steps of
-    different shapes cannot be stacked). Blocks span episode ends: `compile_blocks` finds those."""
+    different shapes cannot be stacked). Blocks span episode ends: `compile_blocks` finds those. Also
+    whether the blocks are large (as `episodes_to_blocks` says)."""
     rows = _block_rows(steps.element_spec, block_size)
-    return steps.batch(rows if rows is not None else 1)
+    return steps.batch(rows if rows is not None else 1), _is_large(rows)
 
 
 def _block_rows(step_spec: Any, block_size: Optional[int]) -> Optional[int]:

@@ -59,11 +59,9 @@ def pattern_map(episodes_dataset: tf.data.Dataset, configs: Sequence[Any],
     >>> [item['pair'].numpy().tolist() for item in pattern_map(episodes, [config])]
     [[0, 1], [1, 2], [2, 3]]
     """
-    blocks, spec = compile_lib.episodes_to_blocks(episodes_dataset, rlds_types.STEPS)
-    nested = isinstance(episodes_dataset.element_spec[rlds_types.STEPS], tf.data.DatasetSpec)
+    blocks, spec, large = compile_lib.episodes_to_blocks(episodes_dataset, rlds_types.STEPS)
     items = compile_lib.compile_blocks(blocks, configs, spec, respect_episode_boundaries=respect_episode_boundaries,
-                                       is_last_fn=_is_last,
-                                       in_parallel=not (nested and compile_lib.large_blocks(spec)))
+                                       is_last_fn=_is_last, in_parallel=not large)
     # The cardinality is asserted only when it is known while building (eagerly); inside traced code
     # (flat_map, interleave, map, tf.function) the episodes' cardinality is symbolic and stays unknown.
     num_episodes = _cardinality.static_cardinality(episodes_dataset)

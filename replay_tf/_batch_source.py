@@ -7,7 +7,8 @@ interleaves up to 32 of them, a few samples each). Here `from_generator` only op
 generator (it yields one key per iterator, so closing follows the iterator's lifetime as before), and each
 element is one stateful `numpy_function` call that hands the generator's arrays to TensorFlow as they are,
 or, for elements of small numeric rows, packed side by side into one array that the graph splits again
-(`_packing`).
+(`_packing`). A generator that can build that packed array more cheaply than from its columns (say, from
+rows it keeps packed, see `_packed_rows`) may yield it instead of the flat list (see `packed_row_bytes`).
 
 Exceptions in the generator reach the iterator as `numpy_function` maps them (ValueError and TypeError as
 InvalidArgumentError, others as UnknownError), which is also how `from_generator` maps them.
@@ -51,7 +52,14 @@ def batches(make_generator: Callable, args: tuple, element_spec: Any,
         element = None if generator is None else next(generator, None)
         if element is None:
             raise StopIteration  # (OutOfRange: the end of the iteration, see `per_iterator`)
-        return element if packing is None else _pack(element, packing)
+        if packing is None:
+            return element
+        if type(element) is np.ndarray:  # packed by the generator
+            if element.dtype != np.uint8 or element.ndim != 2 or element.shape[1] != packing[0]:
+                raise ValueError(f"a packed batch must be uint8 of shape [rows, {packing[0]}], got "
+                                 f"{element.dtype} of shape {list(element.shape)}")
+            return element
+        return _pack(element, packing)
 
     @tf.autograph.experimental.do_not_convert
     def read(key: tf.Tensor):
@@ -76,6 +84,14 @@ def batches(make_generator: Callable, args: tuple, element_spec: Any,
 
 # Elements of at most this many bytes per row travel as one packed array (see `_packing`).
 _MAX_PACKED_ROW_BYTES = 1024  # (larger rows are copied once more than they save)
+
+
+def packed_row_bytes(element_spec: Any):
+    """The bytes per row of the packed uint8 array `batches` hands over for elements of `element_spec`
+    (each component's row bytes side by side, in `tree.flatten` order, see `_packing`), or None when such
+    elements are handed over as they are. A generator may yield that packed array itself."""
+    packing = _packing(tree.flatten(element_spec))
+    return None if packing is None else packing[0]
 
 
 def _packing(flat_specs: list):

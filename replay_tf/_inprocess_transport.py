@@ -167,6 +167,8 @@ class SampleStream:
 class InProcessTransport:
     """Calls the tables of a `Server` in this process directly."""
 
+    shares_items = True
+
     def __init__(self, server):
         self.server = server
 

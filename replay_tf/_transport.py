@@ -61,6 +61,10 @@ class SampleStream(Protocol):
 class Transport(Protocol):
     """What a `Client` needs from a server connection."""
 
+    #: Whether sampled items are the tables' own (in-process), so that what a sampler keeps on an item
+    #: (`Item.row_cache`) serves its later samples. Remote streams build new items for every sample.
+    shares_items: bool
+
     def open_insert_stream(self) -> InsertStream: ...
 
     def open_sample_stream(self, table: str, num_samples_per_request: int,

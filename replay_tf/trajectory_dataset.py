@@ -35,6 +35,7 @@ from replay_tf import _batch_source
 from replay_tf import _buffer_pool
 from replay_tf import _generator_exit
 from replay_tf import _lazy_dataset
+from replay_tf import _packed_rows
 from replay_tf import _sample_workers
 from replay_tf import _signature_checks
 from replay_tf import _stacking
@@ -200,7 +201,8 @@ class TrajectoryDataset(_lazy_dataset.LazyDatasetV1):
         tensors, so that values known only when the dataset is iterated work."""
         def generate(server_address: bytes, table: bytes):
             return _generator_exit.ending_at_exit(self._generate_flat(
-                batch_size, drop_remainder, server_address=server_address.decode(), table=table.decode()))
+                batch_size, drop_remainder, server_address=server_address.decode(), table=table.decode(),
+                packed=True))
 
         return _batch_source.batches(generate, (self._server_address, self._table), self._batch_specs(None),
                                      wrap=_generator_exit.ending_at_exit)
@@ -298,6 +300,19 @@ class TrajectoryDataset(_lazy_dataset.LazyDatasetV1):
                         self._check_columns(cols, table)
                     raise
 
+    def _packer(self) -> Optional[_packed_rows.PackedRows]:
+        """Packs batches from the rows items keep (see `_packed_rows`), when batches of this dataset are
+        handed to TensorFlow packed (small numeric rows, see `_batch_source`); None otherwise."""
+        if _batch_source.packed_row_bytes(self._batch_specs(None)) is None:
+            return None
+        return _packed_rows.PackedRows([numpy_dtype(d) for d in SampleInfo.tf_dtypes()], self._column_layout)
+
+    def _packed_or_stacked(self, samples: list, packer: Optional[_packed_rows.PackedRows],
+                           pool: Optional[_buffer_pool.BufferPool], table: str):
+        """A batch as `packer` packs it (see `_batch_source.packed_row_bytes`), else flat (`_stack_flat`)."""
+        packed = None if packer is None else packer.pack(samples)
+        return self._stack_flat(samples, pool, table) if packed is None else packed
+
     def _empty(self) -> ReplaySample:
         """A batch of zero samples (unknown dimensions set to 0)."""
         return self._unflatten(self._empty_flat())
@@ -317,8 +332,9 @@ class TrajectoryDataset(_lazy_dataset.LazyDatasetV1):
             yield self._unflatten(flat)
 
     def _generate_flat(self, batch_size: Optional[int] = None, drop_remainder: bool = False, *,
-                       server_address: Optional[str] = None, table: Optional[str] = None):
-        """`_generate_batches`, each batch flat (see `_stack_flat`)."""
+                       server_address: Optional[str] = None, table: Optional[str] = None, packed: bool = False):
+        """`_generate_batches`, each batch flat (see `_stack_flat`); with `packed`, batches of items that keep
+        their rows (in-process ones) may come as the packed array of `_batch_source` instead (see `_packer`)."""
         server_address = self._server_address if server_address is None else server_address
         table = self._table if table is None else table
         transport = transport_lib.make_transport(server_address)
@@ -341,6 +357,7 @@ class TrajectoryDataset(_lazy_dataset.LazyDatasetV1):
             stream = _sample_workers.ParallelStreams(open_stream, self._num_workers, self._max_samples,
                                                      request_size=request, poll_ms=_POLL_MS)
         remaining = self._max_samples
+        packer = self._packer() if packed and fully_defined and transport.shares_items else None
         pool = _buffer_pool.BufferPool()
         pending: list = []
         pending_count = 0
@@ -365,9 +382,9 @@ class TrajectoryDataset(_lazy_dataset.LazyDatasetV1):
                     while pending_count >= batch_size:
                         head, pending = _stacking.split_samples(pending, batch_size)
                         pending_count -= batch_size
-                        yield self._stack_flat(head, pool, table)
+                        yield self._packed_or_stacked(head, packer, pool, table)
                 elif fully_defined:
-                    yield self._stack_flat(batch, pool, table)
+                    yield self._packed_or_stacked(batch, packer, pool, table)
                 else:  # variable shapes cannot be stacked: one sample per element
                     for sampled in batch:
                         self._check_item(sampled.item, table)
@@ -375,7 +392,7 @@ class TrajectoryDataset(_lazy_dataset.LazyDatasetV1):
                         self._check_columns(cols, table)
                         yield [*_info_arrays([sampled]), *(c[np.newaxis] for c in cols)]
             if pending and not drop_remainder:
-                yield self._stack_flat(pending, None, table)
+                yield self._packed_or_stacked(pending, packer, None, table)
         finally:
             stream.close()
 

@@ -157,6 +157,8 @@ class Transport:
     `REPLAY_TF_ALLOW_PLAINTEXT_TOKEN`) is true: ValueError otherwise, before any connection.
     """
 
+    shares_items = False  # (every sample is decoded into a new item)
+
     def __init__(self, server_address: str, *, channel_credentials: Optional[grpc.ChannelCredentials] = None,
                  auth_token: Optional[str] = None, allow_plaintext_token: Optional[bool] = None):
         self._address = server_address

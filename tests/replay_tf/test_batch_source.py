@@ -1,5 +1,6 @@
 """`_batch_source.batches`: a generator's flat elements as a dataset, one numpy_function call each."""
 import gc
+import re
 
 import numpy as np
 import pytest
@@ -154,4 +155,35 @@ def test_a_packed_element_that_does_not_match_its_spec_is_an_error_naming_the_co
         yield element
 
     with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+        list(_dataset(make))
+
+
+def test_packed_row_bytes_are_the_row_bytes_of_the_packed_array_or_none():
+    assert _batch_source.packed_row_bytes(SPEC) == 8 + 2 * 4
+    assert _batch_source.packed_row_bytes([tf.TensorSpec([None, 3], tf.bool), tf.TensorSpec([None], tf.int16)]) == 5
+    assert _batch_source.packed_row_bytes({"a": tf.TensorSpec([None], tf.string)}) is None
+    assert _batch_source.packed_row_bytes({"a": tf.TensorSpec([None, 257], tf.float32)}) is None  # (> 1 KiB)
+
+
+def test_a_generator_may_yield_the_packed_array_itself():
+    a = np.array([7, -1], np.int64)
+    b = np.array([[1.5, 2.0], [-3.0, 0.25]], np.float32)
+    packed = np.concatenate([a.view(np.uint8).reshape(2, 8), b.view(np.uint8).reshape(2, 8)], axis=1)
+
+    def make(unused_arg):
+        yield packed
+        yield [a[:1], b[:1]]  # (flat lists may follow)
+
+    first, second = list(_dataset(make))
+    assert first["a"].numpy().tolist() == [7, -1] and first["b"].numpy().tolist() == b.tolist()
+    assert second["a"].numpy().tolist() == [7] and second["b"].numpy().tolist() == b[:1].tolist()
+
+
+@pytest.mark.parametrize("packed", [np.zeros([2, 15], np.uint8), np.zeros([2, 16], np.int8), np.zeros([32], np.uint8)])
+def test_a_packed_array_of_another_layout_is_an_error(packed):
+    def make(unused_arg):
+        yield packed
+
+    message = f"a packed batch must be uint8 of shape [rows, 16], got {packed.dtype} of shape {list(packed.shape)}"
+    with pytest.raises(tf.errors.InvalidArgumentError, match=re.escape(message)):
         list(_dataset(make))

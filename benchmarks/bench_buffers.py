@@ -303,6 +303,10 @@ def main() -> None:
     row("prioritized get_next(256, 2) in tf.function Atari", "tf_function_get_next_atari_prioritized",
         "samples/s", {"tf_function_get_next_atari_prioritized": fbx.get("get_next_atari_prioritized")},
         "flashbax")
+    # The prioritized sample gathers the same windows as the uniform one, plus its draw.
+    row("bound: the same gather with a uniform draw (uniform get_next(256, 2) in tf.function) Atari",
+        "tf_function_get_next_atari", "samples/s",
+        {"tf_function_get_next_atari": fbx.get("get_next_atari_prioritized")}, "flashbax prioritized (real)")
     row("as_dataset().batch(256) small spec", "as_dataset_unbatched_small", "samples/s", peer, "tf-agents")
     two_frames = STEPS * ATARI_BYTES
     rows.append({"workload": "get_next Atari sampled bytes (GB/s)",

@@ -77,15 +77,22 @@ def run_workloads(RB, results, prioritized=None):
         del rb
 
 
-def run_traced_workloads(RB, results, prioritized=None, jit_loop=True):
+def run_traced_workloads(RB, results, prioritized=None, jit_loop=True, bounds=False):
     """The buffer called as TF-Agents-style code calls it: inside tf.function, in tf.data pipelines, and
-    (jit_loop) a compiled collect loop of many adds. `RB` is the plain class (no wrapper)."""
+    (jit_loop) a compiled collect loop of many adds. `RB` is the plain class (no wrapper). `bounds`: also
+    the same as_dataset pipeline over a map function that does no work."""
     rb = RB(SMALL, batch_size=BATCH, max_length=LENGTH)
     items = fill(rb, SMALL)
     ds = iter(rb.as_dataset(sample_batch_size=SAMPLE, num_steps=STEPS,
                             num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE))
     results["as_dataset_256x2_autotune_small"] = best_rate(lambda: (next(ds), SAMPLE)[1])
     del ds
+    if bounds:  # each map call returns a prepared sample of the same structure
+        prepared = tf.nest.map_structure(lambda t: tf.constant(t.numpy()), rb.get_next(SAMPLE, STEPS))
+        ds = iter(tf.data.Dataset.counter().map(lambda _: tf.nest.map_structure(tf.identity, prepared),
+                                                num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE))
+        results["as_dataset_256x2_autotune_small_no_work"] = best_rate(lambda: (next(ds), SAMPLE)[1])
+        del ds
     if jit_loop:
         @tf.function(jit_compile=True, autograph=False)
         def collect_100(items):
@@ -254,7 +261,8 @@ def _ours() -> tuple[dict, dict]:
     exec(_COMMON + _TF_SPECS + _TF_WORKLOADS, namespace)
     results: dict = {}
     namespace["run_workloads"](replay_tf.UniformReplayBuffer, results, replay_tf.PrioritizedReplayBuffer)
-    namespace["run_traced_workloads"](replay_tf.UniformReplayBuffer, results, replay_tf.PrioritizedReplayBuffer)
+    namespace["run_traced_workloads"](replay_tf.UniformReplayBuffer, results, replay_tf.PrioritizedReplayBuffer,
+                                      bounds=True)
     # Memory: RSS growth of building and filling an Atari buffer vs capacity x bytes per item.
     before = _rss_bytes()
     rb = replay_tf.UniformReplayBuffer(namespace["ATARI"], batch_size=BATCH, max_length=LENGTH)
@@ -296,6 +304,10 @@ def main() -> None:
     # Inside TF programs, as TF-Agents-style code calls the buffer (both sides traced the same way).
     row("as_dataset(256, num_steps=2, AUTOTUNE) small spec", "as_dataset_256x2_autotune_small", "samples/s",
         peer, "tf-agents")
+    row("bound: the same pipeline over a map function that does no work (returns a prepared sample)",
+        "as_dataset_256x2_autotune_small_no_work", "samples/s",
+        {"as_dataset_256x2_autotune_small_no_work": peer.get("as_dataset_256x2_autotune_small")},
+        "tf-agents (real)")
     row("add_batch in tf.function (1 add/call) Atari", "tf_function_add_atari", "frames/s", peer, "tf-agents")
     row("get_next(256, 2) in tf.function Atari", "tf_function_get_next_atari", "samples/s", peer, "tf-agents")
     row("jit_compile'd loop of 100 add_batch small spec", "jit_collect_100_small", "frames/s", fbx,

@@ -3,7 +3,12 @@
 The compiled graph (`compile.compile_blocks`) makes the items of a block of steps at once, stacked. As
 elements they are `unbatch()`ed, and the usual `.batch(n)` after `pattern_map` would then copy every item
 twice, one element at a time; `ItemsDataset.batch` instead cuts the blocks' stacked items into batches
-directly (`Dataset.rebatch`, one copy). The elements are those of `Dataset.batch` on the items.
+directly (a rebatch, one copy). The elements are those of `Dataset.batch` on the items.
+
+Both run tf.data's own unbatch and rebatch kernels (`tf.raw_ops`) on the stacked items, which are plain
+dense tensors: `Dataset.unbatch` and `Dataset.rebatch` first `map` every element through a function that
+re-encodes sparse and ragged components, which here would only add a traced function and a pipeline stage
+to set up (a few milliseconds of a pipeline's first pass).
 """
 from __future__ import annotations
 
@@ -21,15 +26,29 @@ class ItemsDataset(tf.data.Dataset):
         it is then asserted on the items and on their batches."""
         self._per_block = per_block
         self._cardinality = cardinality
-        items = per_block.unbatch()
-        if cardinality is not None:
-            items = items.apply(tf.data.experimental.assert_cardinality(cardinality))
-        self._items = items
-        super().__init__(items._variant_tensor)
+        self._dense = _all_dense(per_block.element_spec)
+        if not self._dense:
+            items = per_block.unbatch()
+            if cardinality is not None:
+                items = items.apply(tf.data.experimental.assert_cardinality(cardinality))
+            self._element_spec = items.element_spec
+            variant = items._variant_tensor
+        else:
+            self._element_spec = tf.nest.map_structure(lambda s: tf.TensorSpec(s.shape[1:], s.dtype),
+                                                       per_block.element_spec)
+            flat = tf.nest.flatten(self._element_spec)
+            types, shapes = [s.dtype for s in flat], [s.shape for s in flat]
+            variant = tf.raw_ops.UnbatchDataset(input_dataset=per_block._variant_tensor, output_types=types,
+                                                output_shapes=shapes)
+            if cardinality is not None:
+                variant = tf.raw_ops.AssertCardinalityDataset(
+                    input_dataset=variant, cardinality=tf.constant(cardinality, tf.int64), output_types=types,
+                    output_shapes=shapes)
+        super().__init__(variant)
 
     @property
     def element_spec(self) -> Any:
-        return self._items.element_spec
+        return self._element_spec
 
     def _inputs(self):
         return [self._per_block]
@@ -46,7 +65,10 @@ class ItemsDataset(tf.data.Dataset):
                 or not isinstance(drop_remainder, (bool, np.bool_))):
             return super().batch(batch_size, drop_remainder=drop_remainder, num_parallel_calls=num_parallel_calls,
                                  deterministic=deterministic, name=name)
-        batches = self._per_block.rebatch(int(batch_size), drop_remainder=bool(drop_remainder), name=name)
+        if not self._dense or name is not None:
+            batches = self._per_block.rebatch(int(batch_size), drop_remainder=bool(drop_remainder), name=name)
+        else:
+            batches = _Rebatched(self._per_block, int(batch_size), bool(drop_remainder))
         if self._cardinality is None:
             return batches
         if self._cardinality == tf.data.INFINITE_CARDINALITY:
@@ -56,3 +78,32 @@ class ItemsDataset(tf.data.Dataset):
         else:
             count = -(-self._cardinality // int(batch_size))
         return batches.apply(tf.data.experimental.assert_cardinality(count))
+
+
+def _all_dense(spec: Any) -> bool:
+    """Whether `spec` is a structure of `tf.TensorSpec`s of known rank >= 1 (elements the kernels can split)."""
+    flat = tf.nest.flatten(spec)
+    return bool(flat) and all(type(s) is tf.TensorSpec and s.shape.rank is not None and s.shape.rank >= 1
+                              for s in flat)
+
+
+class _Rebatched(tf.data.Dataset):
+    """`per_block.rebatch(batch_size, drop_remainder)` of dense stacked elements (see the module docstring)."""
+
+    def __init__(self, per_block: tf.data.Dataset, batch_size: int, drop_remainder: bool):
+        self._per_block = per_block
+        dim = batch_size if drop_remainder else None
+        self._element_spec = tf.nest.map_structure(lambda s: tf.TensorSpec([dim, *s.shape[1:]], s.dtype),
+                                                   per_block.element_spec)
+        flat = tf.nest.flatten(self._element_spec)
+        super().__init__(tf.raw_ops.RebatchDatasetV2(
+            input_dataset=per_block._variant_tensor, batch_sizes=tf.constant([batch_size], tf.int64),
+            drop_remainder=tf.constant(drop_remainder), output_types=[s.dtype for s in flat],
+            output_shapes=[s.shape for s in flat]))
+
+    @property
+    def element_spec(self) -> Any:
+        return self._element_spec
+
+    def _inputs(self):
+        return [self._per_block]

@@ -195,8 +195,11 @@ def test_large_blocks_are_evaluated_in_the_scan_and_small_ones_in_parallel():
     stacked_ops, stacked_functions = _dataset_ops(transformations.pattern_map(_episodes(stacked=True), [config]))
     assert nested_ops.count("ScanDataset") == 1 and "ParallelMapDatasetV2" not in nested_ops
     assert stacked_ops.count("ScanDataset") == 1 and "ParallelMapDatasetV2" in stacked_ops
-    # The episodes' own map, the group's interleave and flat_map, the scan, unbatch's normalization.
-    assert nested_functions == 5
+    # The episodes' own map, the group's interleave and flat_map, the scan: the items are unbatched (and
+    # batched) by tf.data's kernels alone, without `Dataset.unbatch`'s normalizing map.
+    assert nested_functions == 4
+    batched_ops, batched_functions = _dataset_ops(transformations.pattern_map(_episodes(), [config]).batch(3))
+    assert batched_functions == 4 and "RebatchDatasetV2" in batched_ops and "UnbatchDataset" not in batched_ops
 
 
 def test_the_scan_state_keeps_its_shapes_so_the_block_function_is_traced_once(monkeypatch):

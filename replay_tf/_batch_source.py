@@ -4,7 +4,7 @@
 function that converts each value to an eager tensor and checks its spec in Python: several times the cost
 of the generator's own work for the small batches of many interleaved datasets (TF-Agents' replay buffer
 interleaves up to 32 of them, a few samples each). Here `from_generator` only opens and closes the
-generator (it yields one key per iterator, so closing follows the iterator's lifetime as before), and each
+generator (it yields one key per iterator, so the generator is closed with its iterator), and each
 element is one stateful `numpy_function` call that hands the generator's arrays to TensorFlow as they are,
 or, for elements of small numeric rows, packed side by side into one array that the graph splits again
 (`_packing`). A generator that can build that packed array more cheaply than from its columns (say, from
@@ -16,7 +16,7 @@ InvalidArgumentError, others as UnknownError), which is also how `from_generator
 from __future__ import annotations
 
 import itertools
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -31,7 +31,7 @@ def batches(make_generator: Callable, args: tuple, element_spec: Any,
             wrap: Callable[[Any], Any] = lambda generator: generator) -> tf.data.Dataset:
     """The elements of `make_generator(*args)` (a new generator per iterator; `args` as `from_generator`
     passes them: bytes for strings), each a flat list of arrays matching `element_spec` (a nest of
-    `tf.TensorSpec`s) flattened by `tree`. `wrap` wraps the generator that `from_generator` runs (the one
+    `tf.TensorSpec`s) flattened by `tree`, or the packed array of such a list (see `packed_row_bytes`). `wrap` wraps the generator that `from_generator` runs (the one
     that opens and closes `make_generator`'s), e.g. `_generator_exit.ending_at_exit`."""
     flat_specs = tree.flatten(element_spec)
     dtypes = [spec.dtype for spec in flat_specs]
@@ -86,7 +86,7 @@ def batches(make_generator: Callable, args: tuple, element_spec: Any,
 _MAX_PACKED_ROW_BYTES = 1024  # (larger rows are copied once more than they save)
 
 
-def packed_row_bytes(element_spec: Any):
+def packed_row_bytes(element_spec: Any) -> Optional[int]:
     """The bytes per row of the packed uint8 array `batches` hands over for elements of `element_spec`
     (each component's row bytes side by side, in `tree.flatten` order, see `_packing`), or None when such
     elements are handed over as they are. A generator may yield that packed array itself."""

@@ -23,7 +23,8 @@ from replay_tf.core.table import SampledItem
 MAX_CACHED_BYTES = 64 << 20
 _ROW_OVERHEAD = 96  # (bytes per kept row besides its data: the bytes object and the pair it is kept in)
 
-# One object per distinct layout, so that an item's row is checked against a layout by identity.
+# One object per distinct layout (a few per process), so that an item's row is checked against a layout
+# by identity: the 32 datasets TF-Agents interleaves share their items' rows.
 _LAYOUTS: dict = {}
 
 
@@ -48,8 +49,9 @@ class PackedRows:
 
     def pack(self, batch: list) -> Optional[np.ndarray]:
         """`batch` as a `[len(batch), row_bytes]` uint8 array, or None when some element is not a
-        `SampledItem` or some item's columns do not have exactly this layout (the caller then stacks the
-        batch column by column, which names the column that does not match)."""
+        `SampledItem`, some item's columns do not have exactly this layout, or an item without a kept row
+        comes from a table too large to keep it (the caller then stacks the batch column by column, which
+        names a column that does not match)."""
         layouts = self._layouts
         records = []
         for sampled in batch:
@@ -59,12 +61,13 @@ class PackedRows:
             cached = item.row_cache
             if cached is not None and cached[0] is layouts:
                 row = cached[1]
+            elif sampled[4] > self._max_cached_items:
+                return None  # (a row built only for this batch costs more than gathering the columns)
             else:
                 row = self._row(item)
                 if row is None:
                     return None
-                if sampled[4] <= self._max_cached_items:
-                    item.row_cache = (layouts, row)
+                item.row_cache = (layouts, row)
             # SampleInfo's order: key, probability, table_size, priority, times_sampled
             records.append((item.key, sampled[3], sampled[4], sampled[1], sampled[2], row))
         return np.array(records, self._dtype).view(np.uint8).reshape(len(records), self._dtype.itemsize)

@@ -357,7 +357,7 @@ class TrajectoryDataset(_lazy_dataset.LazyDatasetV1):
             stream = _sample_workers.ParallelStreams(open_stream, self._num_workers, self._max_samples,
                                                      request_size=request, poll_ms=_POLL_MS)
         remaining = self._max_samples
-        packer = self._packer() if packed and fully_defined and transport.shares_items else None
+        packer = self._packer() if packed and fully_defined and getattr(transport, "shares_items", False) else None
         pool = _buffer_pool.BufferPool()
         pending: list = []
         pending_count = 0

@@ -5,10 +5,12 @@ elements they are `unbatch()`ed, and the usual `.batch(n)` after `pattern_map` w
 twice, one element at a time; `ItemsDataset.batch` instead cuts the blocks' stacked items into batches
 directly (a rebatch, one copy). The elements are those of `Dataset.batch` on the items.
 
-Both run tf.data's own unbatch and rebatch kernels (`tf.raw_ops`) on the stacked items, which are plain
-dense tensors: `Dataset.unbatch` and `Dataset.rebatch` first `map` every element through a function that
-re-encodes sparse and ragged components, which here would only add a traced function and a pipeline stage
-to set up (a few milliseconds of a pipeline's first pass).
+Items of dense tensors (what the compiled graph makes) are split and cut by tf.data's own unbatch and
+rebatch kernels (`tf.raw_ops`): `Dataset.unbatch` and `Dataset.rebatch` first `map` every element through
+a function that re-encodes sparse and ragged components, which for dense ones would only add a traced
+function and a pipeline stage to set up (a few milliseconds of a pipeline's first pass). Other structures
+go through those public methods. (tf.distribute's batch-size rewrite looks for that map before a rebatch;
+it concerns only the rebatch tf.distribute adds itself.)
 """
 from __future__ import annotations
 
@@ -38,6 +40,7 @@ class ItemsDataset(tf.data.Dataset):
                                                        per_block.element_spec)
             flat = tf.nest.flatten(self._element_spec)
             types, shapes = [s.dtype for s in flat], [s.shape for s in flat]
+            # (the compiled graph stacks every component of a block to the same number of items)
             variant = tf.raw_ops.UnbatchDataset(input_dataset=per_block._variant_tensor, output_types=types,
                                                 output_shapes=shapes)
             if cardinality is not None:
@@ -59,14 +62,14 @@ class ItemsDataset(tf.data.Dataset):
 
     def batch(self, batch_size, drop_remainder=False, num_parallel_calls=None, deterministic=None, name=None):
         """`tf.data.Dataset.batch`, cut from the blocks' stacked items (see the module docstring); other
-        arguments than a Python batch size and `drop_remainder` (and `name`) fall back to it."""
-        if (num_parallel_calls is not None or deterministic is not None
+        arguments than a Python batch size and `drop_remainder` fall back to it."""
+        if (num_parallel_calls is not None or deterministic is not None or name is not None
                 or not isinstance(batch_size, (int, np.integer)) or isinstance(batch_size, bool) or batch_size < 1
                 or not isinstance(drop_remainder, (bool, np.bool_))):
             return super().batch(batch_size, drop_remainder=drop_remainder, num_parallel_calls=num_parallel_calls,
                                  deterministic=deterministic, name=name)
-        if not self._dense or name is not None:
-            batches = self._per_block.rebatch(int(batch_size), drop_remainder=bool(drop_remainder), name=name)
+        if not self._dense:
+            batches = self._per_block.rebatch(int(batch_size), drop_remainder=bool(drop_remainder))
         else:
             batches = _Rebatched(self._per_block, int(batch_size), bool(drop_remainder))
         if self._cardinality is None:

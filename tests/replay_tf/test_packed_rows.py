@@ -6,6 +6,8 @@ import tensorflow as tf
 import replay_tf as reverb
 from replay_tf import _packed_rows
 from replay_tf import _stacking
+from replay_tf import _transport as transport_lib
+from replay_tf.grpc import client_transport
 from replay_tf._signature_checks import numpy_dtype
 from replay_tf.replay_sample import SampleInfo
 
@@ -84,16 +86,19 @@ def test_items_keep_their_row_and_packers_of_the_same_layout_share_it(server):
     assert again[1, 36:].tobytes() == marked
 
 
-def test_rows_are_not_kept_while_the_table_is_larger_than_the_bound(server, monkeypatch):
+def test_rows_are_kept_only_while_the_table_is_within_the_bound(server, monkeypatch):
     row_cost = 39 + _packed_rows._ROW_OVERHEAD
     monkeypatch.setattr(_packed_rows, "MAX_CACHED_BYTES", 6 * row_cost)  # 6 rows; the table holds 7 items
     samples = server.table("t").sample(2)
-    packed = _packed_rows.PackedRows(_INFO_DTYPES, _LAYOUTS).pack(samples)
-    np.testing.assert_array_equal(packed, _expected_rows(samples))
+    assert _packed_rows.PackedRows(_INFO_DTYPES, _LAYOUTS).pack(samples) is None  # (stacked by column instead)
     assert all(s.item.row_cache is None for s in samples)
     monkeypatch.setattr(_packed_rows, "MAX_CACHED_BYTES", 7 * row_cost)
-    _packed_rows.PackedRows(_INFO_DTYPES, _LAYOUTS).pack(samples)
+    np.testing.assert_array_equal(_packed_rows.PackedRows(_INFO_DTYPES, _LAYOUTS).pack(samples),
+                                  _expected_rows(samples))
     assert all(s.item.row_cache is not None for s in samples)
+    monkeypatch.setattr(_packed_rows, "MAX_CACHED_BYTES", 6 * row_cost)  # rows kept before are still read
+    np.testing.assert_array_equal(_packed_rows.PackedRows(_INFO_DTYPES, _LAYOUTS).pack(samples),
+                                  _expected_rows(samples))
 
 
 @pytest.mark.parametrize("layouts", [
@@ -114,8 +119,6 @@ def test_stacked_samples_are_not_packed(server):
 
 @pytest.mark.parametrize("batch_size", [None, 3])
 def test_in_process_datasets_use_kept_rows_and_yield_what_remote_ones_yield(server, monkeypatch, batch_size):
-    from replay_tf import _transport as transport_lib
-    from replay_tf.grpc import client_transport
     address = f"localhost:{server.port}"
 
     def read(transport):
@@ -149,3 +152,21 @@ def test_in_process_datasets_use_kept_rows_and_yield_what_remote_ones_yield(serv
                 np.testing.assert_array_equal(sample.data[name], column)
         kept = [items[int(s.info.key)].row_cache is not None for s in got]
         assert all(kept) if transport is in_process else not any(kept)
+
+
+def test_an_item_of_another_dtype_after_kept_rows_is_named_as_without_them():
+    server = reverb.Server([reverb.Table.queue("q", 10)])  # (no signature: any item is accepted)
+    try:
+        client = reverb.Client(f"localhost:{server.port}")
+        for i in range(3):
+            client.insert(np.array([i, -i], np.int32), {"q": 1.0})
+        client.insert(np.array([0.5, 1.5], np.float32), {"q": 1.0})
+        dataset = reverb.TrajectoryDataset(f"localhost:{server.port}", "q", tf.int32, tf.TensorShape([1, 2]),
+                                           max_in_flight_samples_per_worker=1)  # (insert: items of one step)
+        iterator = iter(dataset)
+        assert [next(iterator).data.numpy().tolist() for _ in range(3)] == [[[0, 0]], [[1, -1]], [[2, -2]]]
+        with pytest.raises(tf.errors.InvalidArgumentError,
+                           match=r"Received incompatible tensor at flattened index 0 from table 'q'"):
+            next(iterator)
+    finally:
+        server.stop()

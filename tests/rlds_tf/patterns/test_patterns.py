@@ -393,7 +393,7 @@ def test_pattern_dataset_batches_are_cut_from_blocks_too():
 def test_batch_arguments_beyond_size_and_drop_remainder_batch_the_items_as_tf_data_does():
     items = transformations.pattern_map(_episodes(), _configs("configs = [sw.create_config(ref['x'][-2:], 't')]"))
     for batched in (items.batch(tf.constant(3, tf.int64)), items.batch(3, num_parallel_calls=2),
-                    items.batch(3, num_parallel_calls=2, deterministic=True)):
+                    items.batch(3, num_parallel_calls=2, deterministic=True), items.batch(3, name="batch")):
         ops, _ = _dataset_ops(batched)
         assert "RebatchDatasetV2" not in ops
         assert_nested_equal(list(batched), list(_batched_one_by_one(items, 3, False)))

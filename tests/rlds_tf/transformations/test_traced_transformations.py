@@ -202,11 +202,15 @@ def test_batch_episode_length_and_patterns_in_tf1_graph_mode():
         items = replay_tf.PatternDataset(steps, [config], True, lambda s: s["is_last"])
         next_pair = tf.compat.v1.data.make_one_shot_iterator(pairs).get_next()["x"]
         next_item = tf.compat.v1.data.make_one_shot_iterator(items).get_next()["x"]
+        next_batch = tf.compat.v1.data.make_one_shot_iterator(items.batch(3)).get_next()["x"]
         with tf.compat.v1.Session() as session:
             for next_element in (next_pair, next_item):
                 assert [session.run(next_element).tolist() for _ in range(4)] == [[0, 1], [1, 2], [2, 3], [3, 4]]
                 with pytest.raises(tf.errors.OutOfRangeError):
                     session.run(next_element)
+            assert [session.run(next_batch).tolist() for _ in range(2)] == [[[0, 1], [1, 2], [2, 3]], [[3, 4]]]
+            with pytest.raises(tf.errors.OutOfRangeError):
+                session.run(next_batch)
             assert session.run(lengths) == [5, 3]
 
 

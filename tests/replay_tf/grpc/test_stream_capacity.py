@@ -133,6 +133,8 @@ from proc_testlib import remote_client
 address, num_actors, items = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 errors = []
 start = threading.Barrier(num_actors)
+release = threading.Event()  # set when the test has counted the open streams (a line on stdin)
+threading.Thread(target=lambda: (sys.stdin.readline(), release.set()), daemon=True).start()
 def actor(index):
     try:
         with remote_client(address).trajectory_writer(1) as writer:
@@ -142,6 +144,7 @@ def actor(index):
                 writer.flush(timeout_ms=60_000)
                 if i == 0:
                     start.wait(120)  # every actor's stream is open (its first item confirmed) before the rest
+            release.wait(240)  # (the stream stays open until then)
     except Exception as e:
         errors.append(f"actor {index}: {type(e).__name__}: {e}")
 threads = [threading.Thread(target=actor, args=(i,)) for i in range(num_actors)]
@@ -164,14 +167,19 @@ def test_200_actors_and_50_samplers_blocked_on_rate_limiters():
         samplers = opener.open(50, first_request=sample_request("gate"))
         _wait_open_streams(server, 50)
         actors = subprocess.Popen([sys.executable, "-c", _ACTORS, address, str(num_actors), str(items)],
-                                  cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                  env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+                                  cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
         latencies, most_open = [], 0
         deadline = time.monotonic() + 240
+        release_by, released = time.monotonic() + 120, False  # (the actors keep their streams open till then)
         while actors.poll() is None:
             assert time.monotonic() < deadline, "the actors did not finish in 240 s"
             latencies.append(_server_info_seconds(address))
             most_open = max(most_open, server._service.streams.open)
+            if not released and (most_open >= 50 + num_actors or time.monotonic() > release_by):
+                actors.stdin.write("release\n")
+                actors.stdin.flush()
+                released = True
             time.sleep(0.2)
         out, err = actors.communicate(timeout=30)
         assert "ERRORS []" in out and "DONE 0" in out, (out, err[-3000:])

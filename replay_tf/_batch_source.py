@@ -31,8 +31,9 @@ def batches(make_generator: Callable, args: tuple, element_spec: Any,
             wrap: Callable[[Any], Any] = lambda generator: generator) -> tf.data.Dataset:
     """The elements of `make_generator(*args)` (a new generator per iterator; `args` as `from_generator`
     passes them: bytes for strings), each a flat list of arrays matching `element_spec` (a nest of
-    `tf.TensorSpec`s) flattened by `tree`, or the packed array of such a list (see `packed_row_bytes`). `wrap` wraps the generator that `from_generator` runs (the one
-    that opens and closes `make_generator`'s), e.g. `_generator_exit.ending_at_exit`."""
+    `tf.TensorSpec`s) flattened by `tree`, or the packed array of such a list (see `packed_row_bytes`).
+    `wrap` wraps the generator that `from_generator` runs (the one that opens and closes
+    `make_generator`'s), e.g. `_generator_exit.ending_at_exit`."""
     flat_specs = tree.flatten(element_spec)
     dtypes = [spec.dtype for spec in flat_specs]
     packing = _packing(flat_specs)

@@ -37,7 +37,6 @@ class PackedRows:
         layouts = tuple((np.dtype(dtype), tuple(shape)) for dtype, shape in layouts)
         self._layouts = _LAYOUTS.setdefault(layouts, layouts)
         data_bytes = sum(dtype.itemsize * int(np.prod(shape, dtype=np.int64)) for dtype, shape in layouts)
-        self._data_bytes = data_bytes
         self._dtype = np.dtype([(f"info{i}", np.dtype(d).newbyteorder("=")) for i, d in enumerate(info_dtypes)]
                                + [("data", f"V{data_bytes}")])
         self._max_cached_items = MAX_CACHED_BYTES // (data_bytes + _ROW_OVERHEAD)

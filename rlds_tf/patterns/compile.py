@@ -129,6 +129,23 @@ def compile_blocks(blocks: tf.data.Dataset, configs: Sequence[Any], step_spec: A
         tf.zeros([len(ssa_configs)], tf.int64),  # steps_since_applied of the configs that test it
     )
 
+    def column_buffers(hist, first, flat_block, axis) -> dict:
+        """Per carried column: its history, then the block's rows (the rows of step t at `history + t`)."""
+        buffers = {}
+        for j, c in enumerate(columns):
+            old = hist[j]
+            if unknown_shape[c]:
+                old = _history_or_placeholder(hist[j], flat_block[c], histories[c], first)
+            buffers[c] = tf.concat([old, flat_block[c]], axis)
+        return buffers
+
+    def next_state(buffers, is_last, t, size, s0, n0, ssa) -> tuple:
+        """The state after a block: the newest `history` rows of every column and the counters."""
+        new_hist = tuple(_last_rows(buffers[c], histories[c]) for c in columns)
+        s_new = _next_step_index(is_last, t, size, s0)
+        n_new = tf.minimum(s_new if respect_episode_boundaries else n0 + size, capacity)
+        return new_hist, tf.constant(False), s_new, n_new, ssa
+
     def step_fn(state, block, carry=True):
         """`(next state, items)` of a block; with `carry` False the items alone (`(None, items)`)."""
         hist, first, s0, n0, ssa0 = state
@@ -207,13 +224,7 @@ def compile_blocks(blocks: tf.data.Dataset, configs: Sequence[Any], step_spec: A
             where = tf.where(tf.stack(fire_append, 1))  # [B, K]
             item_step, item_config = where[:, 0], where[:, 1]
 
-        buffers = {}
-        for j, c in enumerate(columns):
-            if unknown_shape[c]:
-                old = _history_or_placeholder(hist[j], flat_block[c], histories[c], first)
-            else:
-                old = hist[j]
-            buffers[c] = tf.concat([old, flat_block[c]], axis0)
+        buffers = column_buffers(hist, first, flat_block, axis0)
 
         rows_of: dict = {}  # (one index tensor per distinct row offset: every op costs building time)
 
@@ -262,14 +273,7 @@ def compile_blocks(blocks: tf.data.Dataset, configs: Sequence[Any], step_spec: A
             out = tree.unflatten_as(signature, flat_items)
         if not carry:
             return None, out
-        # Carry the newest `history` rows of every column and the counters into the next block.
-        new_hist = tuple(_last_rows(buffers[c], histories[c]) for c in columns)
-        s_new = _next_step_index(is_last, t, size, s0)
-        if respect_episode_boundaries:
-            n_new = tf.minimum(s_new, capacity)
-        else:
-            n_new = tf.minimum(n0 + size, capacity)
-        return (new_hist, tf.constant(False), s_new, n_new, ssa_new), out
+        return next_state(buffers, is_last, t, size, s0, n0, ssa_new), out
 
     def carry_fn(state, block):
         """Only what crosses blocks: histories and counters (cheap, so the scan is not the bottleneck)."""
@@ -277,15 +281,8 @@ def compile_blocks(blocks: tf.data.Dataset, configs: Sequence[Any], step_spec: A
         flat_block = tree.flatten(block)
         is_last = tf.reshape(tf.cast(is_last_fn(block), tf.bool), [-1])
         size = tf.shape(is_last, out_type=tf.int64)[0]
-        s_new = _next_step_index(is_last, tf.range(size, dtype=tf.int64), size, s0)
-        n_new = tf.minimum(s_new if respect_episode_boundaries else n0 + size, capacity)
-        new_hist = []
-        for j, c in enumerate(columns):
-            old = hist[j]
-            if unknown_shape[c]:
-                old = _history_or_placeholder(hist[j], flat_block[c], histories[c], first)
-            new_hist.append(_last_rows(tf.concat([old, flat_block[c]], 0), histories[c]))
-        return (tuple(new_hist), tf.constant(False), s_new, n_new, ssa0), (state, block)
+        buffers = column_buffers(hist, first, flat_block, 0)
+        return next_state(buffers, is_last, tf.range(size, dtype=tf.int64), size, s0, n0, ssa0), (state, block)
 
     if ssa_configs or not in_parallel:
         # steps_since_applied depends on when the config last fired: evaluate inside the scan (as large

@@ -38,15 +38,13 @@ class ItemsDataset(tf.data.Dataset):
         else:
             self._element_spec = tf.nest.map_structure(lambda s: tf.TensorSpec(s.shape[1:], s.dtype),
                                                        per_block.element_spec)
-            flat = tf.nest.flatten(self._element_spec)
-            types, shapes = [s.dtype for s in flat], [s.shape for s in flat]
             # (the compiled graph stacks every component of a block to the same number of items)
-            variant = tf.raw_ops.UnbatchDataset(input_dataset=per_block._variant_tensor, output_types=types,
-                                                output_shapes=shapes)
+            variant = tf.raw_ops.UnbatchDataset(input_dataset=per_block._variant_tensor,
+                                                **_kernel_outputs(self._element_spec))
             if cardinality is not None:
                 variant = tf.raw_ops.AssertCardinalityDataset(
-                    input_dataset=variant, cardinality=tf.constant(cardinality, tf.int64), output_types=types,
-                    output_shapes=shapes)
+                    input_dataset=variant, cardinality=tf.constant(cardinality, tf.int64),
+                    **_kernel_outputs(self._element_spec))
         super().__init__(variant)
 
     @property
@@ -90,6 +88,12 @@ def _all_dense(spec: Any) -> bool:
                               for s in flat)
 
 
+def _kernel_outputs(spec: Any) -> dict:
+    """The `output_types` and `output_shapes` arguments of a dataset kernel whose elements match `spec`."""
+    flat = tf.nest.flatten(spec)
+    return {"output_types": [s.dtype for s in flat], "output_shapes": [s.shape for s in flat]}
+
+
 class _Rebatched(tf.data.Dataset):
     """`per_block.rebatch(batch_size, drop_remainder)` of dense stacked elements (see the module docstring)."""
 
@@ -98,11 +102,9 @@ class _Rebatched(tf.data.Dataset):
         dim = batch_size if drop_remainder else None
         self._element_spec = tf.nest.map_structure(lambda s: tf.TensorSpec([dim, *s.shape[1:]], s.dtype),
                                                    per_block.element_spec)
-        flat = tf.nest.flatten(self._element_spec)
         super().__init__(tf.raw_ops.RebatchDatasetV2(
             input_dataset=per_block._variant_tensor, batch_sizes=tf.constant([batch_size], tf.int64),
-            drop_remainder=tf.constant(drop_remainder), output_types=[s.dtype for s in flat],
-            output_shapes=[s.shape for s in flat]))
+            drop_remainder=tf.constant(drop_remainder), **_kernel_outputs(self._element_spec)))
 
     @property
     def element_spec(self) -> Any:

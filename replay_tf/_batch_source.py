@@ -7,8 +7,9 @@ interleaves up to 32 of them, a few samples each). Here `from_generator` only op
 generator (it yields one key per iterator, so the generator is closed with its iterator), and each
 element is one stateful `numpy_function` call that hands the generator's arrays to TensorFlow as they are,
 or, for elements of small numeric rows, packed side by side into one array that the graph splits again
-(`_packing`). A generator that can build that packed array more cheaply than from its columns (say, from
-rows it keeps packed, see `_packed_rows`) may yield it instead of the flat list (see `packed_row_bytes`).
+(`_packing`). The threads that call it keep their Python thread state between calls (`_thread_states`).
+A generator that can build that packed array more cheaply than from its columns (say, from rows it keeps
+packed, see `_packed_rows`) may yield it instead of the flat list (see `packed_row_bytes`).
 
 Exceptions in the generator reach the iterator as `numpy_function` maps them (ValueError and TypeError as
 InvalidArgumentError, others as UnknownError), which is also how `from_generator` maps them.
@@ -21,6 +22,8 @@ from typing import Any, Callable, Optional
 import numpy as np
 import tensorflow as tf
 import tree
+
+from replay_tf import _thread_states
 
 # The generators of live iterators, by key (each iterator's `from_generator` holds its key).
 _SOURCES: dict = {}
@@ -49,6 +52,7 @@ def batches(make_generator: Callable, args: tuple, element_spec: Any,
             generator.close()
 
     def next_element(key: np.ndarray) -> list:
+        _thread_states.keep()  # (the next call on this tf.data thread reuses its Python thread state)
         generator = _SOURCES.get(int(key))
         element = None if generator is None else next(generator, None)
         if element is None:

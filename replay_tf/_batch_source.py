@@ -145,18 +145,26 @@ def _pack(element: list, packing: tuple) -> np.ndarray:
 
 
 def _unpack(packed: tf.Tensor, flat_specs: list, packing: tuple) -> list:
-    """The components of a packed element (see `_packing`)."""
+    """The components of a packed element (see `_packing`), in as few ops as the dtypes allow: every op of
+    the traced function runs once per element, and TF-Agents' pipelines hand over a few samples per
+    element. A multi-byte component is one reshape to `[rows, *shape, itemsize]` and one bitcast (only the
+    bitcast for a scalar one, whose bytes are already `[rows, itemsize]`)."""
     row_bytes, widths, _ = packing
     packed.set_shape([None, row_bytes])
-    rows = tf.shape(packed)[0]
     parts = tf.split(packed, [w * spec.dtype.size for w, spec in zip(widths, flat_specs)], axis=1)
     values = []
     for part, width, spec in zip(parts, widths, flat_specs):
-        if spec.dtype == tf.bool:
-            value = tf.cast(part, tf.bool)
-        elif spec.dtype.size == 1:
-            value = part if spec.dtype == tf.uint8 else tf.bitcast(part, spec.dtype)
+        shape = spec.shape[1:].as_list()
+        if width == 0:  # (no bytes to infer the number of rows from)
+            values.append(tf.zeros(tf.concat([tf.shape(packed)[:1], shape], 0), spec.dtype))
+        elif spec.dtype == tf.bool or spec.dtype.size == 1:
+            if spec.dtype == tf.bool:
+                value = tf.cast(part, tf.bool)
+            else:
+                value = part if spec.dtype == tf.uint8 else tf.bitcast(part, spec.dtype)
+            values.append(value if len(shape) == 1 else tf.reshape(value, [-1, *shape]))  # (`[rows, width]`)
         else:
-            value = tf.bitcast(tf.reshape(part, [rows, width, spec.dtype.size]), spec.dtype)
-        values.append(tf.reshape(value, [rows, *spec.shape[1:]]))
+            if shape:
+                part = tf.reshape(part, [-1, *shape, spec.dtype.size])
+            values.append(tf.bitcast(part, spec.dtype))
     return values

@@ -1,4 +1,5 @@
 """`_batch_source.batches`: a generator's flat elements as a dataset, one numpy_function call each."""
+import collections
 import gc
 import re
 
@@ -187,3 +188,22 @@ def test_a_packed_array_of_another_layout_is_an_error(packed):
     message = f"a packed batch must be uint8 of shape [rows, 16], got {packed.dtype} of shape {list(packed.shape)}"
     with pytest.raises(tf.errors.InvalidArgumentError, match=re.escape(message)):
         list(_dataset(make))
+
+
+def test_a_packed_element_is_split_with_at_most_a_reshape_and_a_bitcast_per_component():
+    # Every op of the function that splits an element runs once per element (a few samples in TF-Agents'
+    # pipelines): a scalar component is a bitcast of its bytes, a multi-byte one a reshape and a bitcast, a
+    # uint8 vector its bytes as they are; no op computes the number of rows.
+    spec = {"matrix": tf.TensorSpec([None, 2, 2], tf.float32), "scalar": tf.TensorSpec([None], tf.float64),
+            "u8": tf.TensorSpec([None, 3], tf.uint8), "vector": tf.TensorSpec([None, 3], tf.int32)}
+
+    def make(unused_arg):
+        yield [np.zeros([1, 2, 2], np.float32), np.zeros([1]), np.zeros([1, 3], np.uint8), np.zeros([1, 3], np.int32)]
+
+    dataset = _batch_source.batches(make, (b"x",), spec)
+    ops = collections.Counter(n.op for n in graph_nodes(dataset_graph(dataset)))
+    assert (ops["Bitcast"], ops["Reshape"], ops["SplitV"]) == (3, 2, 1)
+    assert (ops["Pack"], ops["Shape"], ops["StridedSlice"]) == (0, 0, 0)
+    element = next(iter(dataset))
+    assert {k: v.shape.as_list() for k, v in element.items()} == {"matrix": [1, 2, 2], "scalar": [1], "u8": [1, 3],
+                                                                  "vector": [1, 3]}

@@ -4,6 +4,8 @@ import pytest
 import tensorflow as tf
 
 import reverb_testlib
+from dataset_testlib import dataset_graph
+from dataset_testlib import graph_nodes
 import replay_tf as reverb
 
 _PRELUDE = """
@@ -134,6 +136,23 @@ def test_dataset_waits_for_data_inserted_from_another_thread():
     threading.Timer(0.2, lambda: [client.insert(np.int32(i), {"q": 1.0}) for i in range(3)]).start()
     values = [int(s.data[0][0]) for s in ds.take(3)]
     assert values == [0, 1, 2]
+    server.stop()
+
+
+def test_samples_are_split_from_their_batches_without_an_extra_map():
+    # `Dataset.unbatch` maps every batch through a function that re-encodes sparse and ragged components;
+    # the samples of dense batches are split by the unbatch kernel alone (one function call less per batch).
+    server = reverb.Server([reverb.Table.queue("q", 10)])
+    client = reverb.Client(f"localhost:{server.port}")
+    dataset = reverb.TrajectoryDataset(f"localhost:{server.port}", "q", dtypes={"x": tf.int64},
+                                       shapes={"x": tf.TensorShape([1, 2])}, max_in_flight_samples_per_worker=2,
+                                       rate_limiter_timeout_ms=50)
+    nodes = graph_nodes(dataset_graph(dataset))
+    assert [n.op for n in nodes if n.op in ("MapDataset", "ParallelMapDatasetV2")] == ["MapDataset"]  # (the read)
+    assert [n.op for n in nodes if n.op == "UnbatchDataset"] == ["UnbatchDataset"]
+    for i in range(3):
+        client.insert({"x": np.array([i, -i], np.int64)}, priorities={"q": 1.0})
+    assert [s.data["x"].numpy().tolist() for s in dataset] == [[[0, 0]], [[1, -1]], [[2, -2]]]
     server.stop()
 
 

@@ -121,37 +121,49 @@ def compile_blocks(blocks: tf.data.Dataset, configs: Sequence[Any], step_spec: A
         return tf.zeros(shape, flat_spec[c].dtype)
 
     unknown_shape = {c: not tf.TensorShape(flat_spec[c].shape).is_fully_defined() for c in columns}
-    initial_state = (
-        tuple(zeros_history(c) for c in columns),
-        tf.constant(True),  # no block seen yet (histories of unknown-shaped columns are placeholders)
-        tf.constant(0, tf.int64),  # step index of the next step within its episode
-        tf.constant(0, tf.int64),  # steps in the buffer before the next step (capped at `capacity`)
-        tf.zeros([len(ssa_configs)], tf.int64),  # steps_since_applied of the configs that test it
-    )
+    # The state carried across blocks holds only what these configs read: every entry is an input and an
+    # output of the traced function, whose nodes each add to the pipeline's setup time.
+    initial_state = {
+        "hist": tuple(zeros_history(c) for c in columns),
+        "s": tf.constant(0, tf.int64),  # step index of the next step within its episode
+    }
+    if any(unknown_shape.values()):
+        initial_state["first"] = tf.constant(True)  # no block seen yet (histories of those are placeholders)
+    if not respect_episode_boundaries:
+        # steps in the buffer before the next step, capped at `capacity` (otherwise the step index + 1)
+        initial_state["n"] = tf.constant(0, tf.int64)
+    if ssa_configs:
+        initial_state["ssa"] = tf.zeros([len(ssa_configs)], tf.int64)  # steps_since_applied of those configs
 
-    def column_buffers(hist, first, flat_block, axis) -> dict:
+    def column_buffers(state, flat_block, axis) -> dict:
         """Per carried column: its history, then the block's rows (the rows of step t at `history + t`)."""
         buffers = {}
         for j, c in enumerate(columns):
-            old = hist[j]
+            old = state["hist"][j]
             if unknown_shape[c]:
-                old = _history_or_placeholder(hist[j], flat_block[c], histories[c], first)
+                old = _history_or_placeholder(old, flat_block[c], histories[c], state["first"])
             buffers[c] = tf.concat([old, flat_block[c]], axis)
         return buffers
 
-    def next_state(buffers, is_last, t, size, s0, n0, ssa) -> tuple:
+    def next_state(buffers, is_last, t, size, state, ssa, const) -> dict:
         """The state after a block: the newest `history` rows of every column and the counters."""
-        new_hist = tuple(_last_rows(buffers[c], histories[c]) for c in columns)
-        s_new = _next_step_index(is_last, t, size, s0)
-        n_new = tf.minimum(s_new if respect_episode_boundaries else n0 + size, capacity)
-        return new_hist, tf.constant(False), s_new, n_new, ssa
+        new = {"hist": tuple(_last_rows(buffers[c], histories[c], const) for c in columns),
+               "s": _next_step_index(is_last, t, size, state["s"], const)}
+        if "first" in state:
+            new["first"] = tf.constant(False)
+        if "n" in state:
+            new["n"] = tf.minimum(state["n"] + size, const(capacity, tf.int64))
+        if "ssa" in state:
+            new["ssa"] = ssa
+        return new
 
     def step_fn(state, block, carry=True):
         """`(next state, items)` of a block; with `carry` False the items alone (`(None, items)`)."""
-        hist, first, s0, n0, ssa0 = state
+        s0, ssa0 = state["s"], state.get("ssa")
         flat_block = tree.flatten(block)
         # Constants made once: each node of the traced function adds to the pipeline's setup time.
-        axis0, zero, one, flat = tf.constant(0), tf.constant(0, tf.int64), tf.constant(1, tf.int64), tf.constant([-1])
+        const = _Constants()
+        axis0, zero, one, flat = const(0, tf.int32), const(0, tf.int64), const(1, tf.int64), const([-1], tf.int32)
         is_last = tf.reshape(tf.cast(is_last_fn(block), tf.bool), flat)
         size = tf.size(is_last, out_type=tf.int64)
         t = tf.range(zero, size, one)
@@ -164,8 +176,8 @@ def compile_blocks(blocks: tf.data.Dataset, configs: Sequence[Any], step_spec: A
         if respect_episode_boundaries:
             filled = step_index + one  # the buffer is cleared whenever the step index is reset
         else:
-            filled = n0 + t + one
-        buffer_length = tf.minimum(filled, capacity)
+            filled = state["n"] + t + one
+        buffer_length = tf.minimum(filled, const(capacity, tf.int64))
 
         lefts = dict(step_index=step_index, buffer_length=buffer_length, flat_block=flat_block)
         fire_append, fire_end, ssa_conds = [], [], []
@@ -224,13 +236,13 @@ def compile_blocks(blocks: tf.data.Dataset, configs: Sequence[Any], step_spec: A
             where = tf.where(tf.stack(fire_append, 1))  # [B, K]
             item_step, item_config = where[:, 0], where[:, 1]
 
-        buffers = column_buffers(hist, first, flat_block, axis0)
+        buffers = column_buffers(state, flat_block, axis0)
 
         rows_of: dict = {}  # (one index tensor per distinct row offset: every op costs building time)
 
         def item_rows(offset: int) -> tf.Tensor:
             if offset not in rows_of:
-                rows_of[offset] = item_step + offset
+                rows_of[offset] = item_step + const(offset, tf.int64)
             return rows_of[offset]
 
         def gather_node(node, pad_to=None):
@@ -273,16 +285,17 @@ def compile_blocks(blocks: tf.data.Dataset, configs: Sequence[Any], step_spec: A
             out = tree.unflatten_as(signature, flat_items)
         if not carry:
             return None, out
-        return next_state(buffers, is_last, t, size, s0, n0, ssa_new), out
+        return next_state(buffers, is_last, t, size, state, ssa_new, const), out
 
     def carry_fn(state, block):
         """Only what crosses blocks: histories and counters (cheap, so the scan is not the bottleneck)."""
-        hist, first, s0, n0, ssa0 = state
+        const = _Constants()
         flat_block = tree.flatten(block)
-        is_last = tf.reshape(tf.cast(is_last_fn(block), tf.bool), [-1])
+        is_last = tf.reshape(tf.cast(is_last_fn(block), tf.bool), const([-1], tf.int32))
         size = tf.shape(is_last, out_type=tf.int64)[0]
-        buffers = column_buffers(hist, first, flat_block, 0)
-        return next_state(buffers, is_last, tf.range(size, dtype=tf.int64), size, s0, n0, ssa0), (state, block)
+        buffers = column_buffers(state, flat_block, const(0, tf.int32))
+        t = tf.range(const(0, tf.int64), size, const(1, tf.int64))
+        return next_state(buffers, is_last, t, size, state, state.get("ssa"), const), (state, block)
 
     if ssa_configs or not in_parallel:
         # steps_since_applied depends on when the config last fired: evaluate inside the scan (as large
@@ -306,17 +319,34 @@ def compile_blocks(blocks: tf.data.Dataset, configs: Sequence[Any], step_spec: A
     return items.unbatch().map(cut)
 
 
-def _next_step_index(is_last: tf.Tensor, t: tf.Tensor, size: tf.Tensor, s0: tf.Tensor) -> tf.Tensor:
+class _Constants:
+    """The constants of one traced function, each made once (every node adds to the pipeline's setup)."""
+
+    def __init__(self):
+        self._made: dict = {}
+
+    def __call__(self, value: Any, dtype: tf.DType) -> tf.Tensor:
+        key = (repr(value), dtype)
+        if key not in self._made:
+            self._made[key] = tf.constant(value, dtype)
+        return self._made[key]
+
+
+def _next_step_index(is_last: tf.Tensor, t: tf.Tensor, size: tf.Tensor, s0: tf.Tensor, const: _Constants
+                     ) -> tf.Tensor:
     """The step index (within its episode) of the step after a block of `size` steps whose first step has
     index `s0`: the steps after the block's last episode end, or `s0 + size` if no episode ends in it."""
-    last_end = tf.reduce_max(tf.where(is_last, t, -1))  # (-1: none; an empty block's maximum is lower)
-    return tf.where(last_end >= 0, size - 1 - last_end, s0 + size)
+    zero = const(0, tf.int64)
+    # (1 + the position of the last episode end; 0 if none, and for an empty block, whose maximum is lower)
+    end = tf.reduce_max(tf.where(is_last, t + const(1, tf.int64), zero), axis=const(0, tf.int32))
+    return tf.where(end > zero, size - end, s0 + size)
 
 
-def _last_rows(buffer: tf.Tensor, rows: int) -> tf.Tensor:
+def _last_rows(buffer: tf.Tensor, rows: int, const: _Constants) -> tf.Tensor:
     """The last `rows` rows of a buffer that has at least that many, with that leading dimension known
     statically: a scan whose state changes shape traces its function again (the first pass pays for it)."""
-    last = buffer[-rows:]
+    last = tf.strided_slice(buffer, const([-rows], tf.int32), const([0], tf.int32), const([1], tf.int32),
+                            end_mask=1)
     last.set_shape([rows, *last.shape[1:]])
     return last
 

@@ -92,19 +92,24 @@ def trajectory_dataset(address, max_in_flight):
 
 def no_work_dataset(unused_address, max_in_flight):
     """A source of the same elements that does no work: each batch of `max_in_flight` samples is one
-    numpy_function call returning a prepared array, the samples' bytes side by side (how a TrajectoryDataset
-    of this process hands a batch of small samples to TensorFlow), split in the graph."""
+    numpy_function call returning a prepared array, the samples' bytes side by side, split in the graph
+    (how a TrajectoryDataset of this process hands a batch of small samples to TensorFlow, keeping the
+    calling thread's Python state where `keep_thread_state` does)."""
     n = max_in_flight
     info = [np.zeros([n], np.uint64), np.zeros([n]), np.zeros([n], np.int64), np.zeros([n]), np.zeros([n], np.int32)]
     data = [np.zeros([n, 2, *s.shape], s.dtype.as_numpy_dtype) for s in tf.nest.flatten(STEP_SPEC)]
     flat = info + data
     packed = np.concatenate([a.reshape(n, -1).view(np.uint8) for a in flat], axis=1)
 
+    def call(_):
+        keep_thread_state()
+        return packed
+
     def read(_):
-        out = tf.numpy_function(lambda _: packed, [_], tf.uint8, stateful=True)
+        out = tf.numpy_function(call, [_], tf.uint8, stateful=True)
         out.set_shape(packed.shape)
         parts = tf.split(out, [a[0].nbytes for a in flat], axis=1)
-        values = [tf.reshape(tf.bitcast(tf.reshape(p, [n, -1, a.itemsize]), a.dtype), a.shape)
+        values = [tf.bitcast(p if a.ndim == 1 else tf.reshape(p, [-1, *a.shape[1:], a.itemsize]), a.dtype)
                   for p, a in zip(parts, flat)]
         return reverb.ReplaySample(reverb.SampleInfo(*values[:5]), tf.nest.pack_sequence_as(STEP_SPEC, values[5:]))
 
@@ -284,7 +289,9 @@ def _prelude(shapes, seconds: float, num_items: int) -> str:
 
 
 def _run_ours(shapes, seconds: float, num_items: int) -> dict:
-    return _run_here("import replay_tf as reverb\n" + _prelude(shapes, seconds, num_items) + WORKLOAD)
+    return _run_here("import replay_tf as reverb\n"
+                     "from replay_tf._thread_states import keep as keep_thread_state\n"
+                     + _prelude(shapes, seconds, num_items) + WORKLOAD)
 
 
 def _workload_name(key: str) -> tuple:
@@ -308,7 +315,8 @@ def main(shapes=SHAPES, seconds: float = 1.0, num_items: int = NUM_ITEMS) -> Non
     ours = _run_ours(shapes, seconds, num_items)
     theirs = {}
     if peer is not None:
-        theirs = peer.run("import reverb\n" + _prelude(shapes, seconds, num_items) + WORKLOAD, {}, timeout_s=1800)
+        theirs = peer.run("import reverb\nkeep_thread_state = lambda: None\n" + _prelude(shapes, seconds, num_items)
+                          + WORKLOAD, {}, timeout_s=1800)
     rows = []
     for key, value in ours.items():
         workload, unit = _workload_name(key)

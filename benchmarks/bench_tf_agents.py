@@ -12,7 +12,8 @@ steps per step), of a small `Trajectory`-like step (observation f32[4], scalars)
   `TrajectoryDataset.from_table_signature(max_in_flight_samples_per_worker=512).batch(256)`;
 - the same pipeline over sources that do no work (one numpy_function call per batch of
   `3 * (64 // N)` samples returning a prepared array): the rate no source handing its batches over through
-  `numpy_function` can pass, next to dm-reverb's real one;
+  `numpy_function` can pass, next to dm-reverb's real one; for N = 32 also with sources whose threads do
+  not keep their Python state (`replay_tf/_thread_states.py`);
 - TF-Agents' DQN tutorial loop's replay part: one step appended and one item created, then one
   `next(iterator)` of the N = 32 dataset (seconds per 1,500 iterations; lower is better).
 
@@ -90,7 +91,7 @@ def trajectory_dataset(address, max_in_flight):
                                     num_workers_per_iterator=-1, max_samples_per_stream=-1,
                                     rate_limiter_timeout_ms=-1)
 
-def no_work_dataset(unused_address, max_in_flight):
+def no_work_dataset(unused_address, max_in_flight, keep=True):
     """A source of the same elements that does no work: each batch of `max_in_flight` samples is one
     numpy_function call returning a prepared array, the samples' bytes side by side, split in the graph
     (how a TrajectoryDataset of this process hands a batch of small samples to TensorFlow, keeping the
@@ -102,7 +103,8 @@ def no_work_dataset(unused_address, max_in_flight):
     packed = np.concatenate([a.reshape(n, -1).view(np.uint8) for a in flat], axis=1)
 
     def call(_):
-        keep_thread_state()
+        if keep:
+            keep_thread_state()
         return packed
 
     def read(_):
@@ -113,7 +115,14 @@ def no_work_dataset(unused_address, max_in_flight):
                   for p, a in zip(parts, flat)]
         return reverb.ReplaySample(reverb.SampleInfo(*values[:5]), tf.nest.pack_sequence_as(STEP_SPEC, values[5:]))
 
-    return tf.data.Dataset.from_tensors(np.int64(0)).repeat().map(read).unbatch()
+    batches = tf.data.Dataset.from_tensors(np.int64(0)).repeat().map(read)
+    samples = tf.nest.map_structure(lambda s: tf.TensorSpec(s.shape[1:], s.dtype), batches.element_spec)
+    flat_specs = tf.nest.flatten(samples)
+    # (tf.data's unbatch kernel alone, as TrajectoryDataset splits its batches: no map per batch)
+    unbatched = tf.raw_ops.UnbatchDataset(input_dataset=tf.data.experimental.to_variant(batches),
+                                          output_types=[s.dtype for s in flat_specs],
+                                          output_shapes=[s.shape for s in flat_specs])
+    return tf.data.experimental.from_variant(unbatched, samples)
 
 def tf_agents_dataset(address, sample_batch_size, num_cycles, num_parallel_calls, source=trajectory_dataset):
     """tf_agents.ReverbReplayBuffer(max_cycle_length=num_cycles).as_dataset(sample_batch_size, num_steps=2)."""
@@ -166,6 +175,12 @@ def dqn_loop(address, writer, num_iterations, first_step):
 
 server, client, writer = make_server(NUM_ITEMS)
 address = f'localhost:{server.port}'
+if KEEPS_THREAD_STATES and 32 in SHAPES:
+    # The no-work sources of N = 32 without keeping their threads' Python state; first, before any thread
+    # of this process has kept its state for good.
+    for calls in (None, 3):
+        emit(f'no_work_unkept/32/{calls}', samples_per_s(
+            tf_agents_dataset(address, 64, 32, calls, lambda a, m: no_work_dataset(a, m, keep=False)), 64, SECONDS))
 for n in SHAPES:
     for calls in (None, 3):
         if calls is not None and n < 3:
@@ -290,7 +305,7 @@ def _prelude(shapes, seconds: float, num_items: int) -> str:
 
 def _run_ours(shapes, seconds: float, num_items: int) -> dict:
     return _run_here("import replay_tf as reverb\n"
-                     "from replay_tf._thread_states import keep as keep_thread_state\n"
+                     "from replay_tf._thread_states import keep as keep_thread_state\nKEEPS_THREAD_STATES = True\n"
                      + _prelude(shapes, seconds, num_items) + WORKLOAD)
 
 
@@ -303,10 +318,12 @@ def _workload_name(key: str) -> tuple:
         n, calls = rest
         return (f"TF-Agents as_dataset(64, num_steps=2): {n} interleaved TrajectoryDataset(s) of {64 // int(n)}, "
                 f"num_parallel_calls={'AUTOTUNE' if calls == 'None' else calls}", "samples/s")
-    if kind == "no_work":
+    if kind in ("no_work", "no_work_unkept"):
         n, calls = rest
+        unkept = ", their threads' Python state not kept" if kind == "no_work_unkept" else ""
         return (f"bound: the same pipeline ({n} cycles, num_parallel_calls={'AUTOTUNE' if calls == 'None' else calls})"
-                f" over numpy_function sources that do no work, {3 * (64 // int(n))} samples per call", "samples/s")
+                f" over numpy_function sources that do no work, {3 * (64 // int(n))} samples per call{unkept}",
+                "samples/s")
     return f"acme make_reverb_dataset(batch_size=256, num_parallel_calls={rest[0]})", "samples/s"
 
 
@@ -315,17 +332,18 @@ def main(shapes=SHAPES, seconds: float = 1.0, num_items: int = NUM_ITEMS) -> Non
     ours = _run_ours(shapes, seconds, num_items)
     theirs = {}
     if peer is not None:
-        theirs = peer.run("import reverb\nkeep_thread_state = lambda: None\n" + _prelude(shapes, seconds, num_items)
-                          + WORKLOAD, {}, timeout_s=1800)
+        theirs = peer.run("import reverb\nkeep_thread_state = lambda: None\nKEEPS_THREAD_STATES = False\n"
+                          + _prelude(shapes, seconds, num_items) + WORKLOAD, {}, timeout_s=1800)
     rows = []
     for key, value in ours.items():
         workload, unit = _workload_name(key)
         row = {"workload": workload, "ours": value, "peer": theirs.get(key),
                "peer_name": "dm-reverb 0.14 in-process", "unit": unit}
-        if key.startswith("no_work/"):  # against dm-reverb's real source: the most a numpy_function source reaches
-            row.update(peer=theirs.get(key.replace("no_work/", "tf_agents/")),
-                       peer_name="dm-reverb 0.14 in-process, real TrajectoryDatasets",
-                       peer_no_work_tf_2_15=theirs.get(key))
+        if key.startswith("no_work"):  # against dm-reverb's real source: the most a numpy_function source reaches
+            row.update(peer=theirs.get("tf_agents/" + key.split("/", 1)[1]),
+                       peer_name="dm-reverb 0.14 in-process, real TrajectoryDatasets")
+            if key.startswith("no_work/"):
+                row["peer_no_work_tf_2_15"] = theirs.get(key)
         if key == "dqn" and value and theirs.get(key):
             row["ratio"] = theirs[key] / value  # (seconds: higher ratio is better, as everywhere)
         rows.append(row)

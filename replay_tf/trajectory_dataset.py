@@ -1,7 +1,7 @@
 """`TrajectoryDataset`: a `tf.data.Dataset` of `ReplaySample`s streamed from a table.
 
 Samples are fetched in flexible batches (up to `max_in_flight_samples_per_worker` per request), stacked per
-column with numpy and yielded as one element per batch; `.unbatch()` in the graph turns them back into
+column with numpy and yielded as one element per batch; tf.data's unbatch kernel turns them back into
 single samples, so the Python cost is paid per batch, not per sample. A rate-limiter timeout
 (`rate_limiter_timeout_ms`) ends the iteration, as in Reverb.
 

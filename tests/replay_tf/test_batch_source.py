@@ -75,7 +75,8 @@ def test_works_inside_interleave():
 # Every dtype the packed hand-over carries, with row shapes of none, one and two dimensions (and none wide).
 _ALL_DTYPES = [(tf.bool, [3]), (tf.int8, []), (tf.uint8, [2, 2]), (tf.int16, [1]), (tf.uint16, []),
                (tf.int32, [2]), (tf.uint32, []), (tf.int64, [2, 1]), (tf.uint64, []), (tf.float16, [2]),
-               (tf.bfloat16, []), (tf.float32, [0]), (tf.float64, [3])]
+               (tf.bfloat16, []), (tf.float32, [0]), (tf.float64, [3]), (tf.bool, []), (tf.bool, [2, 2]),
+               (tf.uint8, []), (tf.int8, [3]), (tf.int32, [2, 0]), (tf.uint8, [0, 2])]
 
 
 def _all_dtypes_element(rows: int) -> list:

@@ -202,6 +202,27 @@ def test_large_blocks_are_evaluated_in_the_scan_and_small_ones_in_parallel():
     assert batched_functions == 4 and "RebatchDatasetV2" in batched_ops and "UnbatchDataset" not in batched_ops
 
 
+def _scan_state_inputs(dataset: tf.data.Dataset) -> int:
+    """The number of state inputs of a pipeline's scan function (its inputs less the block's columns)."""
+    graph = dataset_graph(dataset)
+    functions = {f.signature.name: f for f in graph.library.function}
+    (scan,) = [n for n in graph_nodes(graph) if n.op == "ScanDataset"]
+    block_columns = len(tree.flatten(transformations.step_spec(_episodes())))
+    return len(functions[scan.attr["f"].func.name].signature.input_arg) - block_columns
+
+
+@pytest.mark.parametrize("name, respect, state", [
+    ("transition", True, 2),  # x's history and the step index
+    ("transition", False, 3),  # and the buffer's fill, which only runs across episodes
+    ("steps_since_applied", True, 3),  # x's history, the step index and steps_since_applied
+])
+def test_the_scan_carries_only_the_state_its_configs_read(name, respect, state):
+    # Every input of the traced block function adds to the pipeline's setup time.
+    (snippet,) = [c[2] for c in CASES if c[0] == name]
+    dataset = transformations.pattern_map(_episodes(), _configs(snippet), respect_episode_boundaries=respect)
+    assert _scan_state_inputs(dataset) == state
+
+
 def test_the_scan_state_keeps_its_shapes_so_the_block_function_is_traced_once(monkeypatch):
     traced = []
     real = compile_lib._last_rows

@@ -430,7 +430,9 @@ class Table:
                 table_size = len(self._items)
                 items, probabilities = self._sampler.sample_many(count)
                 limiter.samples += count
-                for item, probability in zip(items, probabilities.tolist()):
+                if type(probabilities) is not list:
+                    probabilities = probabilities.tolist()
+                for item, probability in zip(items, probabilities):
                     item.times_sampled += 1
                     if item.times_sampled == 1:
                         self._num_unique_samples += 1

@@ -32,6 +32,25 @@ def test_prioritized_probabilities(exponent, priorities, expected):
     np.testing.assert_allclose(counts, expected, atol=0.05)
 
 
+def test_uniform_draws_every_live_item_equally_often():
+    dist = selectors.Uniform()._build()
+    items = _items([1.0] * 6)
+    for item in items:
+        dist.insert(item)
+    dist.delete(items[1])
+    dist.delete(items[4])  # (holes filled by the last items)
+    for count, calls in ((8000, 1), (4, 2000)):  # (drawn by numpy, then by Python's generator: see _FEW_DRAWS)
+        sampled = []
+        for _ in range(calls):
+            items_drawn, probabilities = dist.sample_many(count)
+            assert probabilities == [0.25] * count
+            sampled += items_drawn
+        counts = np.bincount([it.key for it in sampled], minlength=6) / 8000
+        np.testing.assert_allclose(counts, [0.25, 0.0, 0.25, 0.25, 0.0, 0.25], atol=0.03)
+    drawn = [dist.sample() for _ in range(200)]
+    assert {item.key for item, _ in drawn} == {0, 2, 3, 5} and {p for _, p in drawn} == {0.25}
+
+
 def test_prioritized_update_delete_and_growth():
     dist = selectors.Prioritized(1.0)._build()
     items = _items([1.0] * 3000)  # grows past the initial capacity

@@ -157,12 +157,12 @@ def _unpack(packed: tf.Tensor, flat_specs: list, packing: tuple) -> list:
         shape = spec.shape[1:].as_list()
         if width == 0:  # (no bytes to infer the number of rows from)
             values.append(tf.zeros(tf.concat([tf.shape(packed)[:1], shape], 0), spec.dtype))
-        elif spec.dtype == tf.bool or spec.dtype.size == 1:
+        elif spec.dtype.size == 1:  # (bool too): `part` is `[rows, width]` already
             if spec.dtype == tf.bool:
                 value = tf.cast(part, tf.bool)
             else:
                 value = part if spec.dtype == tf.uint8 else tf.bitcast(part, spec.dtype)
-            values.append(value if len(shape) == 1 else tf.reshape(value, [-1, *shape]))  # (`[rows, width]`)
+            values.append(value if len(shape) == 1 else tf.reshape(value, [-1, *shape]))
         else:
             if shape:
                 part = tf.reshape(part, [-1, *shape, spec.dtype.size])

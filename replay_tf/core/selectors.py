@@ -3,7 +3,8 @@
 A selector config (`Uniform()`, `Prioritized(0.8)`, `Fifo()`, `Lifo()`, `MaxHeap()`, `MinHeap()`) is used as
 a table's sampler or remover; the table builds a fresh distribution from it with `_build()`. Distributions
 hold the table's items (objects with `.key` and `.priority`) and answer `sample() -> (item, probability)`;
-the non-deterministic ones also answer `sample_many(n)`, a batch at once. Reported probabilities are Reverb's:
+the non-deterministic ones also answer `sample_many(n) -> (items, probabilities)`, two lists for a batch
+drawn at once. Reported probabilities are Reverb's:
 `1/n` (Uniform), `w_i / sum(w)` with `w = priority ** exponent` and `w = 0` for priority 0 (Prioritized,
 uniform when every weight is 0), and `1.0` for the deterministic selectors. Heaps break priority ties in
 favour of the least recently inserted or updated item.
@@ -190,6 +191,7 @@ def _weight_within(priority: float, exponent: float, bound: float) -> bool:
 # Up to this many uniform draws at once, Python's `randrange` is faster than numpy's `integers`.
 _FEW_DRAWS = 16
 
+
 class UniformDistribution:
     """Items in a list; deletion swaps the last item into the hole so every operation is O(1)."""
 
@@ -226,7 +228,7 @@ class UniformDistribution:
         return self._items[self._random.randrange(n)], 1.0 / n
 
     def sample_many(self, count: int):
-        """`count` items drawn with replacement, and their probabilities (a list)."""
+        """`count` items drawn with replacement, and their probabilities."""
         n = len(self._items)
         items = self._items
         if count <= _FEW_DRAWS:
@@ -316,7 +318,7 @@ class PrioritizedDistribution:
 
     def sample(self):
         items, probs = self.sample_many(1)
-        return items[0], float(probs[0])
+        return items[0], probs[0]
 
     def sample_many(self, count: int):
         n = len(self._items)
@@ -324,7 +326,7 @@ class PrioritizedDistribution:
         total = tree[1]
         if not total > 0:  # every weight is 0: Reverb samples uniformly
             idx = self._rng.integers(n, size=count)
-            return [self._items[i] for i in idx.tolist()], np.full(count, 1.0 / n)
+            return [self._items[i] for i in idx.tolist()], [1.0 / n] * count
         target = self._rng.random(count) * total
         node = np.ones(count, dtype=np.int64)
         while cap > 1:  # one level per iteration: go right when the target is beyond the left subtree
@@ -343,7 +345,7 @@ class PrioritizedDistribution:
                                                           self._rng.random(int(bad.sum()))), len(valid) - 1)]
             weights = tree[slots + self._capacity]
         items = self._items
-        return [items[i] for i in slots.tolist()], weights / total
+        return [items[i] for i in slots.tolist()], (weights / total).tolist()
 
     def probability(self, item) -> float:
         total = self._tree[1]

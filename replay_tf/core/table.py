@@ -430,8 +430,6 @@ class Table:
                 table_size = len(self._items)
                 items, probabilities = self._sampler.sample_many(count)
                 limiter.samples += count
-                if type(probabilities) is not list:
-                    probabilities = probabilities.tolist()
                 for item, probability in zip(items, probabilities):
                     item.times_sampled += 1
                     if item.times_sampled == 1:

@@ -12,7 +12,8 @@ function not traced before to the end of its first pass. Each workload also repo
 the process (all threads): on a loaded shared machine the wall-clock rates swing by 2x and more, while
 CPU efficiency barely moves; on an idle machine our pipelines also use a second core, which only the
 wall-clock rates show. Two bound rows put the rate of just reading the steps (and of reading them into
-blocks, our first stage) next to rlds's batch rate: the ratio no single-reader pipeline can beat.
+blocks, our first stage) next to rlds's batch rate: the ratio no single-reader pipeline can beat; two more
+put the rate of reading the nested steps into blocks next to the pattern rows' steady state.
 Run: `python -m benchmarks.run patterns`.
 """
 from __future__ import annotations
@@ -116,13 +117,18 @@ if STACKED:
     # blocks, a scan over the blocks, items cut into batches) with a block function that does nothing
     # but pass three slices on, so only their setup and reading the steps are left.
     from rlds_tf.patterns import compile as compile_lib
-    def no_work_pipeline(unused_fn):
+    def no_work_items():
         blocks, _, _ = compile_lib.episodes_to_blocks(episodes, 'steps')
         return blocks.scan(np.int64(0), lambda s, b: (s, {{'observation': b['observation'][1:],
                                                            'action': b['action'][1:],
-                                                           'next_observation': b['observation'][:-1]}})
-                           ).rebatch(256)
-    results['first_pass_no_work'] = first_pass_rate(no_work_pipeline, pull_all)
+                                                           'next_observation': b['observation'][:-1]}}))
+    results['first_pass_no_work'] = first_pass_rate(lambda unused_fn: no_work_items().rebatch(256), pull_all)
+    # What bounds the steady state: reading the nested steps into blocks (our first stage), no pattern work.
+    # Pulled a block at a time from Python: a `shard` consumer would let stages that can skip elements
+    # skip them unread.
+    blocks, _, _ = compile_lib.episodes_to_blocks(episodes, 'steps')
+    num_blocks = sum(1 for _ in blocks)
+    results['read_nested_blocks'], _ = steady_rate(blocks, lambda it: batches(it, num_blocks), E * T)
     # The vectorized path: episodes whose steps are stacked tensors (rlds_tf's load_stacked layout).
     stacked = tf.data.Dataset.from_tensor_slices(data).map(lambda ep: {{'steps': ep}})
     results['stacked'], results['stacked_cpu'] = steady_rate(
@@ -165,6 +171,9 @@ def main() -> None:
     rows = [
         transitions_row(f"pattern_map_from_transform(transition).batch(256), {NUM_EPISODES}x{EPISODE_LENGTH}, "
                         f"obs [10,5] f32", "transitions"),
+        {"workload": "bound: reading the nested steps into blocks (steady state, no pattern work)",
+         "ours": ours["read_nested_blocks"], "peer": theirs and theirs["transitions"],
+         "peer_name": "rlds 0.1.8 + reverb 0.14 PatternDataset (real, transitions/s)", "unit": "steps/s"},
         transitions_row("same, first pass including pipeline setup (steps built in a map, as TFDS decodes)",
                         "first_pass"),
         transitions_row("bound: first pass of the same stages with a block function that does nothing",
@@ -172,6 +181,9 @@ def main() -> None:
         transitions_row("pattern_map_from_transform(transition) unbatched, first pass including setup",
                         "first_pass_unbatched"),
         transitions_row("pattern_map_from_transform(transition) unbatched, steady state", "unbatched"),
+        {"workload": "bound: reading the nested steps into blocks, against the unbatched rate",
+         "ours": ours["read_nested_blocks"], "peer": theirs and theirs["unbatched"],
+         "peer_name": "rlds 0.1.8 + reverb 0.14 PatternDataset (real, transitions/s)", "unit": "steps/s"},
         {"workload": "same, episodes with stacked steps (vectorized path)", "ours": ours["stacked"],
          "peer": theirs and theirs["transitions"], "peer_name": "rlds 0.1.8 (nested steps; no stacked path)",
          "unit": "transitions/s"},

@@ -7,6 +7,11 @@ float32 reward); batch_size 32, max_length 1000, sample batch 256, num_steps 2, 
 from Python (one call per add / sample, tf-agents wrapped in tf.function as its agents do), inside a
 user's tf.function, inside an `as_dataset` pipeline, and a `jit_compile=True` collect loop of 100 adds
 (against flashbax's jitted `fori_loop` of 100 adds; tf-agents' CriticalSection does not compile with XLA).
+
+On a GPU: `RL_DATA_BENCH_DEVICE=gpu:0 python -m benchmarks.run buffers` builds our buffers with
+`device='gpu:0'` and runs flashbax on JAX's GPU backend (a CUDA build of TensorFlow here and of JAX in the
+flashbax venv), against flashbax only: TF-Agents' rows and the `as_dataset` pipelines (tf.data runs its
+functions on the host) are left out. Those results go to `buffers_<device>.json`, beside the CPU suite's.
 """
 from __future__ import annotations
 
@@ -29,6 +34,7 @@ ATARI_BYTES = 84 * 84 * 4 + 4 + 4
 
 _COMMON = _harness.PEER_BEST_RATE + f'''
 BATCH, LENGTH, SAMPLE, STEPS = {BATCH}, {LENGTH}, {SAMPLE}, {STEPS}
+DATASETS = True  # the as_dataset rows (host-side tf.data pipelines)
 '''
 
 _TF_SPECS = '''
@@ -54,12 +60,14 @@ def run_workloads(RB, results, prioritized=None):
     items = fill(rb, SMALL, 50)
     results["add_small"] = best_rate(lambda: (rb.add_batch(items), BATCH)[1])
     fill(rb, SMALL)
-    ds = iter(rb.as_dataset(sample_batch_size=SAMPLE).prefetch(4))
-    results["as_dataset_256_small"] = best_rate(lambda: (next(ds), SAMPLE)[1])
-    ds = iter(rb.as_dataset().batch(SAMPLE).prefetch(4))
-    results["as_dataset_unbatched_small"] = best_rate(lambda: (next(ds), SAMPLE)[1], repeats=2)
+    if DATASETS:
+        ds = iter(rb.as_dataset(sample_batch_size=SAMPLE).prefetch(4))
+        results["as_dataset_256_small"] = best_rate(lambda: (next(ds), SAMPLE)[1])
+        ds = iter(rb.as_dataset().batch(SAMPLE).prefetch(4))
+        results["as_dataset_unbatched_small"] = best_rate(lambda: (next(ds), SAMPLE)[1], repeats=2)
+        del ds
     results["get_next_small"] = best_rate(lambda: (rb.get_next(SAMPLE, STEPS), SAMPLE)[1])
-    del rb, ds
+    del rb
     rb = RB(ATARI, batch_size=BATCH, max_length=LENGTH)
     items = fill(rb, ATARI)
     results["add_atari"] = best_rate(lambda: (rb.add_batch(items), BATCH)[1])
@@ -83,11 +91,12 @@ def run_traced_workloads(RB, results, prioritized=None, jit_loop=True, bounds=Fa
     the same as_dataset pipeline over a map function that does no work."""
     rb = RB(SMALL, batch_size=BATCH, max_length=LENGTH)
     items = fill(rb, SMALL)
-    ds = iter(rb.as_dataset(sample_batch_size=SAMPLE, num_steps=STEPS,
-                            num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE))
-    results["as_dataset_256x2_autotune_small"] = best_rate(lambda: (next(ds), SAMPLE)[1])
-    del ds
-    if bounds:  # each map call returns a prepared sample of the same structure
+    if DATASETS:
+        ds = iter(rb.as_dataset(sample_batch_size=SAMPLE, num_steps=STEPS,
+                                num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE))
+        results["as_dataset_256x2_autotune_small"] = best_rate(lambda: (next(ds), SAMPLE)[1])
+        del ds
+    if bounds and DATASETS:  # each map call returns a prepared sample of the same structure
         prepared = tf.nest.map_structure(lambda t: tf.constant(t.numpy()), rb.get_next(SAMPLE, STEPS))
         ds = iter(tf.data.Dataset.counter().map(lambda _: tf.nest.map_structure(tf.identity, prepared),
                                                 num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE))
@@ -194,7 +203,7 @@ def do_collect():
 results["jit_collect_100_small"] = best_rate(do_collect)
 run("atari", ATARI, fbx.make_trajectory_buffer)
 buf, box = run("atari_prioritized", ATARI,
-               lambda **kw: fbx.make_prioritised_trajectory_buffer(priority_exponent=0.6, device="cpu", **kw))
+               lambda **kw: fbx.make_prioritised_trajectory_buffer(priority_exponent=0.6, device=DEVICE, **kw))
 s = jax.jit(buf.sample)(box[0], jax.random.PRNGKey(1))
 set_p = jax.jit(buf.set_priorities, donate_argnums=0)
 priorities = jnp.linspace(0.1, 2.0, SAMPLE)
@@ -207,15 +216,26 @@ print("RESULTS" + json.dumps(results))
 '''
 
 
-def _flashbax() -> dict | None:
+def _device() -> str | None:
+    """The TF device the buffers run on when `RL_DATA_BENCH_DEVICE` names one (None: the host CPU)."""
+    return os.environ.get("RL_DATA_BENCH_DEVICE") or None
+
+
+def _jax_platform(device: str | None) -> str:
+    """flashbax's platform for a TF device name: "gpu" for `gpu:N`, else "cpu"."""
+    return "gpu" if device and device.lower().lstrip("/").replace("device:", "").startswith("gpu") else "cpu"
+
+
+def _flashbax(device: str | None = None) -> dict | None:
     python = os.environ.get("RL_DATA_JAX_PYTHON", str(pathlib.Path.home() / ".cache/rl-data-jax/bin/python"))
     if not os.path.exists(python):
         print(f"[bench] no JAX venv at {python}: run `bash .ci/make_jax_venv.sh`", file=sys.stderr)
         return None
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    platform = _jax_platform(device)
+    env = dict(os.environ, JAX_PLATFORMS="cuda" if platform == "gpu" else "cpu")
     env.pop("PYTHONPATH", None)
-    proc = subprocess.run([python, "-c", textwrap.dedent(_FLASHBAX_CODE)], capture_output=True, text=True,
-                          env=env, timeout=1200)
+    code = f"DEVICE = {platform!r}\n" + textwrap.dedent(_FLASHBAX_CODE)
+    proc = subprocess.run([python, "-c", code], capture_output=True, text=True, env=env, timeout=1200)
     for line in proc.stdout.splitlines():
         if line.startswith("RESULTS"):
             return json.loads(line[len("RESULTS"):])
@@ -251,7 +271,9 @@ def _rss_bytes() -> int:
         return int(f.read().split()[1]) * resource.getpagesize()
 
 
-def _ours() -> tuple[dict, dict]:
+def _ours(device: str | None = None) -> tuple[dict, dict]:
+    import functools
+
     import tensorflow as tf
 
     import replay_tf
@@ -260,9 +282,20 @@ def _ours() -> tuple[dict, dict]:
     namespace: dict = {}
     exec(_COMMON + _TF_SPECS + _TF_WORKLOADS, namespace)
     results: dict = {}
-    namespace["run_workloads"](replay_tf.UniformReplayBuffer, results, replay_tf.PrioritizedReplayBuffer)
-    namespace["run_traced_workloads"](replay_tf.UniformReplayBuffer, results, replay_tf.PrioritizedReplayBuffer,
-                                      bounds=True)
+    uniform, prioritized = replay_tf.UniformReplayBuffer, replay_tf.PrioritizedReplayBuffer
+    if device is not None:
+        kind = tf.DeviceSpec.from_string(device).device_type or "CPU"
+        if not tf.config.list_logical_devices(kind.upper()):
+            raise SystemExit(f"RL_DATA_BENCH_DEVICE={device!r}: TensorFlow sees no {kind.upper()} device here "
+                             f"(it sees {[d.name for d in tf.config.list_logical_devices()]})")
+        uniform = functools.partial(uniform, device=device)
+        prioritized = functools.partial(prioritized, device=device)
+        namespace["DATASETS"] = False
+    with tf.device(device or "/cpu:0"):
+        namespace["run_workloads"](uniform, results, prioritized)
+        namespace["run_traced_workloads"](uniform, results, prioritized, bounds=device is None)
+    if device is not None:
+        return results, {}
     # Memory: RSS growth of building and filling an Atari buffer vs capacity x bytes per item.
     before = _rss_bytes()
     rb = replay_tf.UniformReplayBuffer(namespace["ATARI"], batch_size=BATCH, max_length=LENGTH)
@@ -275,7 +308,40 @@ def _ours() -> tuple[dict, dict]:
     return results, memory
 
 
+def _device_main(device: str) -> None:
+    """The buffer rows on `device`, against flashbax on the same kind of device."""
+    ours, _ = _ours(device)
+    fbx = _flashbax(device) or {}
+    rows = []
+    for workload, key, unit in [
+            ("add_batch small spec", "add_small", "frames/s"),
+            ("add_batch Atari", "add_atari", "frames/s"),
+            ("get_next(256, num_steps=2) small spec", "get_next_small", "samples/s"),
+            ("get_next(256, num_steps=2) Atari", "get_next_atari", "samples/s"),
+            ("prioritized(0.6) get_next(256, 2) Atari", "get_next_atari_prioritized", "samples/s"),
+            ("prioritized add_batch Atari (vs flashbax PER add)", "add_atari_prioritized", "frames/s"),
+            ("update_priorities, 256 ids per call", "update_priorities", "updates/s"),
+            ("jit_compile'd loop of 100 add_batch small spec", "jit_collect_100_small", "frames/s"),
+    ]:
+        rows.append({"workload": f"[{device}] {workload}", "ours": ours.get(key), "peer": fbx.get(key),
+                     "peer_name": f"flashbax ({_jax_platform(device)})", "unit": unit})
+    for workload, key, peer_key in [
+            ("add_batch in tf.function (1 add/call) Atari", "tf_function_add_atari", "add_atari"),
+            ("get_next(256, 2) in tf.function Atari", "tf_function_get_next_atari", "get_next_atari"),
+            ("prioritized get_next(256, 2) in tf.function Atari", "tf_function_get_next_atari_prioritized",
+             "get_next_atari_prioritized"),
+    ]:
+        rows.append({"workload": f"[{device}] {workload}", "ours": ours.get(key), "peer": fbx.get(peer_key),
+                     "peer_name": f"flashbax ({_jax_platform(device)})", "unit": "frames/s" if "add" in key
+                     else "samples/s"})
+    _harness.report("buffers_" + "".join(c for c in device.lower() if c.isalnum()), rows)
+
+
 def main() -> None:
+    device = _device()
+    if device is not None:
+        _device_main(device)
+        return
     ours, memory = _ours()
     peer = _tf_agents() or {}
     fbx = _flashbax() or {}

@@ -34,9 +34,11 @@ from replay_tf import _addresses
 from replay_tf import _batch_source
 from replay_tf import _buffer_pool
 from replay_tf import _generator_exit
+from replay_tf import _inprocess_transport
 from replay_tf import _lazy_dataset
 from replay_tf import _packed_rows
 from replay_tf import _sample_workers
+from replay_tf import _shared_samples
 from replay_tf import _signature_checks
 from replay_tf import _stacking
 from replay_tf import _transport as transport_lib
@@ -211,7 +213,29 @@ class TrajectoryDataset(_lazy_dataset.LazyDatasetV1):
     def _build_dataset(self) -> tf.data.Dataset:
         # tf.data's unbatch kernel, without the map that `Dataset.unbatch` adds (see `ItemsDataset`): one
         # function call less per batch. It also drops the empty batches yielded while blocked.
-        return items_dataset.ItemsDataset(self._from_generator())
+        return items_dataset.ItemsDataset(self._shared_batches() or self._from_generator())
+
+    def _shared_batches(self) -> Optional[tf.data.Dataset]:
+        """The batches of a table of this process through `_shared_samples`, where that changes nothing a
+        user can tell (see its module docstring); None otherwise."""
+        if (not _shared_samples.enabled() or type(self) is not TrajectoryDataset
+                or not isinstance(self._server_address, str) or not isinstance(self._table, str)
+                or self._num_workers != 1 or self._max_samples is not None or self._timeout_ms is not None
+                or not all(s.is_fully_defined() for s in self._column_shapes)):
+            return None
+        with tf.init_scope():
+            if not tf.executing_eagerly():
+                return None
+        transport = _inprocess_transport.for_address(self._server_address)
+        packer = self._packer()
+        if transport is None or packer is None or self._table not in transport.server.tables:
+            return None
+        if transport.server.table(self._table).max_times_sampled != 0:
+            return None
+        table = self._table
+        return _shared_samples.dataset(transport.server, table, self._max_in_flight, packer,
+                                       lambda samples: self._stack_flat(samples, None, table),
+                                       self._batch_specs(None))
 
     def batch(self, batch_size, drop_remainder=False, num_parallel_calls=None, deterministic=None, name=None):
         """`tf.data.Dataset.batch`, computed without unbatching: batches of samples are stacked once, in

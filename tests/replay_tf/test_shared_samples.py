@@ -1,0 +1,268 @@
+"""TrajectoryDatasets of an in-process replay table read through a shared, queue-fed source
+(`replay_tf/_shared_samples.py`): the same samples and errors as the per-iterator source, at most one batch
+in flight per open iterator, iterators that close and reopen, and the cases that keep the per-iterator
+source."""
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import proc_testlib
+import replay_tf as reverb
+
+_FEEDER = "replay_tf-shared-samples"
+
+
+def _feeders() -> int:
+    return sum(t.name == _FEEDER for t in threading.enumerate())
+
+
+def _wait_until(condition, timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def _server(num_items: int, selector=None, max_times_sampled: int = 0, signature=True):
+    spec = {"obs": tf.TensorSpec([2, 3], tf.float32), "step": tf.TensorSpec([2], tf.int64)}
+    table = reverb.Table("t", selector or reverb.selectors.Uniform(), reverb.selectors.Fifo(), 1000,
+                         reverb.rate_limiters.MinSize(1), max_times_sampled=max_times_sampled,
+                         signature=spec if signature else None)
+    server = reverb.Server([table])
+    client = reverb.Client(f"localhost:{server.port}")
+    with client.trajectory_writer(num_keep_alive_refs=2) as writer:
+        for i in range(num_items + 1):
+            writer.append({"obs": np.full([3], i, np.float32), "step": np.int64(i)})
+            if i >= 1:
+                writer.create_item("t", 1.0 + i, {k: v[-2:] for k, v in writer.history.items()})  # steps i-1, i
+    return server, f"localhost:{server.port}"
+
+
+def _dataset(address: str, max_in_flight: int = 3, **kwargs) -> reverb.TrajectoryDataset:
+    return reverb.TrajectoryDataset(address, "t", {"obs": tf.float32, "step": tf.int64},
+                                    {"obs": tf.TensorShape([2, 3]), "step": tf.TensorShape([2])},
+                                    max_in_flight_samples_per_worker=max_in_flight, **kwargs)
+
+
+def _tf_agents_shape(address: str, cycles: int = 8) -> tf.data.Dataset:
+    """TF-Agents' `as_dataset(sample_batch_size=2 * cycles)`: `cycles` TrajectoryDatasets interleaved."""
+    return tf.data.Dataset.range(cycles).interleave(lambda _: _dataset(address, 6), cycle_length=cycles,
+                                                   num_parallel_calls=tf.data.AUTOTUNE).batch(2 * cycles)
+
+
+def _check_samples(sample, num_items: int, priorities=None):
+    """Every sample's data is its item's (item i holds steps i-1 and i) and its info is the table's."""
+    steps = sample.data["step"].numpy().reshape(-1, 2)
+    np.testing.assert_array_equal(steps[:, 1], steps[:, 0] + 1)
+    np.testing.assert_array_equal(sample.data["obs"].numpy().reshape(-1, 2, 3),
+                                  np.repeat(steps[:, :, None], 3, axis=2).astype(np.float32))
+    if num_items is None:  # (a queue's size changes as it is sampled)
+        return
+    assert set(sample.info.table_size.numpy().ravel().tolist()) == {num_items}
+    if priorities is None:
+        np.testing.assert_allclose(sample.info.probability.numpy(), 1.0 / num_items)
+    np.testing.assert_allclose(sample.info.priority.numpy().ravel(), 1.0 + steps[:, 1])
+
+
+def test_interleaved_datasets_share_one_feeder_and_sample_what_the_table_holds():
+    server, address = _server(50)
+    try:
+        iterator = iter(_tf_agents_shape(address))
+        for _ in range(20):
+            _check_samples(next(iterator), 50)
+        assert _feeders() == 1
+        del iterator
+        assert _wait_until(lambda: _feeders() == 0)
+    finally:
+        server.stop()
+
+
+def test_prioritized_samples_carry_their_items_priority_and_probability():
+    server, address = _server(20, selector=reverb.selectors.Prioritized(1.0))
+    try:
+        iterator = iter(_dataset(address).take(64).batch(64))
+        sample = next(iterator)
+        _check_samples(sample, 20, priorities=True)
+        total = sum(1.0 + i for i in range(1, 21))
+        steps = sample.data["step"].numpy()[:, 1]
+        np.testing.assert_allclose(sample.info.probability.numpy(), (1.0 + steps) / total, rtol=1e-6)
+    finally:
+        server.stop()
+
+
+def _taken(server) -> int:
+    return sum(item.times_sampled for item in server.table("t").items_snapshot())
+
+
+def test_an_open_iterator_is_owed_at_most_one_batch():
+    server, address = _server(100)
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    options.experimental_optimization.inject_prefetch = False
+    try:
+        iterator = iter(_dataset(address, max_in_flight=4).with_options(options))
+        next(iterator)  # one batch of 4 dequeued, one more owed
+        time.sleep(0.3)
+        assert _taken(server) == 8
+        for _ in range(4):
+            next(iterator)
+        time.sleep(0.3)
+        assert _taken(server) == 12
+    finally:
+        server.stop()
+
+
+def test_a_dataset_iterates_again_after_its_iterators_closed():
+    server, address = _server(30)
+    try:
+        dataset = _dataset(address)
+        for _ in range(3):
+            samples = list(dataset.take(7).batch(7))
+            _check_samples(samples[0], 30)
+            assert _wait_until(lambda: _feeders() == 0)
+    finally:
+        server.stop()
+
+
+def test_an_iterator_waits_for_the_first_item():
+    server = reverb.Server([reverb.Table("t", reverb.selectors.Uniform(), reverb.selectors.Fifo(), 100,
+                                         reverb.rate_limiters.MinSize(1))])
+    address = f"localhost:{server.port}"
+    got = {}
+    try:
+        iterator = iter(_dataset(address))
+        thread = threading.Thread(target=lambda: got.update(sample=next(iterator)), daemon=True)
+        thread.start()
+        time.sleep(0.3)
+        assert thread.is_alive() and not got
+        with reverb.Client(address).trajectory_writer(num_keep_alive_refs=2) as writer:
+            for i in range(2):
+                writer.append({"obs": np.full([3], i, np.float32), "step": np.int64(i)})
+            writer.create_item("t", 2.0, {k: v[-2:] for k, v in writer.history.items()})
+        thread.join(5)
+        assert got["sample"].data["step"].numpy().tolist() == [0, 1]
+    finally:
+        server.stop()
+
+
+def _stopped_server_error(monkeypatch, shared: str):
+    monkeypatch.setenv("REPLAY_TF_SHARED_SAMPLES", shared)
+    server, address = _server(10)
+    iterator = iter(_dataset(address))
+    next(iterator)
+    server.stop()
+    with pytest.raises(tf.errors.OpError) as raised:
+        for _ in range(100):
+            next(iterator)
+    return type(raised.value), _python_error(raised.value)
+
+
+def _python_error(error: tf.errors.OpError) -> str:
+    """The Python exception a pipeline function raised, as the OpError's message gives it (the rest names
+    the pipeline's nodes)."""
+    return re.search(r"(\w+Error: [^\n]*)", str(error)).group(1)
+
+
+def test_a_stopped_server_raises_what_the_per_iterator_source_raises(monkeypatch):
+    error, message = _stopped_server_error(monkeypatch, "1")
+    assert (error, message) == _stopped_server_error(monkeypatch, "0")
+
+
+def _mismatch_error(monkeypatch, shared: str):
+    monkeypatch.setenv("REPLAY_TF_SHARED_SAMPLES", shared)
+    server, address = _server(10, signature=False)
+    try:
+        dataset = reverb.TrajectoryDataset(address, "t", {"obs": tf.float32, "step": tf.int64},
+                                           {"obs": tf.TensorShape([2, 4]), "step": tf.TensorShape([2])},
+                                           max_in_flight_samples_per_worker=3)
+        with pytest.raises(tf.errors.OpError) as raised:
+            next(iter(dataset))
+        return type(raised.value), _python_error(raised.value)
+    finally:
+        server.stop()
+
+
+def test_items_of_another_shape_raise_what_the_per_iterator_source_raises(monkeypatch):
+    error, message = _mismatch_error(monkeypatch, "1")
+    assert (error, message) == _mismatch_error(monkeypatch, "0")
+    assert error is tf.errors.InvalidArgumentError and "expects dtype=float32 shape=(2, 4)" in message
+
+
+@pytest.mark.parametrize("case", ["queue table", "table as a tensor", "two workers", "timeout", "max_samples",
+                                  "switched off"])
+def test_these_datasets_keep_the_per_iterator_source(case, monkeypatch):
+    server, address = _server(10, max_times_sampled=1 if case == "queue table" else 0)
+    kwargs = {"two workers": {"num_workers_per_iterator": 2}, "timeout": {"rate_limiter_timeout_ms": 1000},
+              "max_samples": {"max_samples": 5}}.get(case, {})
+    if case == "switched off":
+        monkeypatch.setenv("REPLAY_TF_SHARED_SAMPLES", "0")
+    try:
+        if case == "table as a tensor":
+            dataset = reverb.TrajectoryDataset(address, tf.constant("t"), {"obs": tf.float32, "step": tf.int64},
+                                               {"obs": tf.TensorShape([2, 3]), "step": tf.TensorShape([2])},
+                                               max_in_flight_samples_per_worker=3)
+        else:
+            dataset = _dataset(address, **kwargs)
+        assert _wait_until(lambda: _feeders() == 0)
+        iterator = iter(dataset.batch(5))
+        sample = next(iterator)
+        _check_samples(sample, 10 if case != "queue table" else None)
+        assert _feeders() == 0
+    finally:
+        server.stop()
+
+
+def test_tf1_graphs_keep_the_per_iterator_source():
+    server, address = _server(10)
+    try:
+        with tf.Graph().as_default():
+            element = tf.compat.v1.data.make_one_shot_iterator(_dataset(address)).get_next()
+            with tf.compat.v1.Session() as session:
+                step = session.run(element.data["step"])
+        assert step[1] == step[0] + 1
+        assert _feeders() == 0
+    finally:
+        server.stop()
+
+
+_EXIT_WITH_OPEN_ITERATORS = """
+import sys
+import numpy as np, tensorflow as tf
+import replay_tf as reverb
+server = reverb.Server([reverb.Table('t', reverb.selectors.Uniform(), reverb.selectors.Fifo(), 1000,
+                                     reverb.rate_limiters.MinSize(1))])
+with reverb.Client(f'localhost:{server.port}').trajectory_writer(num_keep_alive_refs=1) as writer:
+    for i in range(100):
+        writer.append(np.full([4], i, np.float32))
+        writer.create_item('t', 1.0, writer.history[-1:])
+dataset = tf.data.Dataset.range(16).interleave(
+    lambda _: reverb.TrajectoryDataset(f'localhost:{server.port}', 't', tf.float32, tf.TensorShape([1, 4]), 6),
+    cycle_length=16, num_parallel_calls=tf.data.AUTOTUNE).batch(32)
+iterator = iter(dataset)
+for _ in range(20):
+    next(iterator)
+print('sampled', flush=True)
+"""  # ... and exits with the iterator open and the feeder running
+
+
+@pytest.mark.slow  # processes of their own
+def test_a_process_exits_with_shared_iterators_still_open():
+    env = dict(os.environ, PYTHONPATH=proc_testlib.ROOT, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
+    procs = [subprocess.Popen([sys.executable, "-c", _EXIT_WITH_OPEN_ITERATORS], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=120)
+            assert proc.returncode == 0 and out.strip() == "sampled", err[-2000:]
+    finally:
+        for proc in procs:
+            proc.kill()

@@ -12,8 +12,9 @@ steps per step), of a small `Trajectory`-like step (observation f32[4], scalars)
   `TrajectoryDataset.from_table_signature(max_in_flight_samples_per_worker=512).batch(256)`;
 - the same pipeline over sources that do no work (one numpy_function call per batch of
   `3 * (64 // N)` samples returning a prepared array): the rate no source handing its batches over through
-  `numpy_function` can pass, next to dm-reverb's real one; for N = 32 also with sources whose threads do
-  not keep their Python state (`replay_tf/_thread_states.py`);
+  `numpy_function` can pass (ours, on a table of this process, hands them over through a queue instead,
+  `replay_tf/_shared_samples.py`), next to dm-reverb's real one; for N = 32 also with sources whose
+  threads do not keep their Python state (`replay_tf/_thread_states.py`);
 - TF-Agents' DQN tutorial loop's replay part: one step appended and one item created, then one
   `next(iterator)` of the N = 32 dataset (seconds per 1,500 iterations; lower is better).
 
@@ -94,8 +95,8 @@ def trajectory_dataset(address, max_in_flight):
 def no_work_dataset(unused_address, max_in_flight, keep=True):
     """A source of the same elements that does no work: each batch of `max_in_flight` samples is one
     numpy_function call returning a prepared array, the samples' bytes side by side, split in the graph
-    (how a TrajectoryDataset of this process hands a batch of small samples to TensorFlow, keeping the
-    calling thread's Python state where `keep_thread_state` does)."""
+    (how a TrajectoryDataset hands a batch of small samples to TensorFlow where it reads them through
+    `numpy_function`, keeping the calling thread's Python state where `keep_thread_state` does)."""
     n = max_in_flight
     info = [np.zeros([n], np.uint64), np.zeros([n]), np.zeros([n], np.int64), np.zeros([n]), np.zeros([n], np.int32)]
     data = [np.zeros([n, 2, *s.shape], s.dtype.as_numpy_dtype) for s in tf.nest.flatten(STEP_SPEC)]

@@ -18,16 +18,19 @@ Used only where that changes nothing a user can tell (`TrajectoryDataset._shared
 this process known by name when the dataset is built, eagerly, with items that are never deleted by
 sampling (`max_times_sampled` 0: a queue's items must reach the iterator that took them), small numeric
 columns of a fixed shape (packed, see `_batch_source`), one worker per iterator, no sample limit and no
-rate-limiter timeout. The dataset is bound to the table it found when built. An error in the feeder (the
-server stopped, an item of another shape) closes the queue for good: every iterator of that dataset raises
-it, with the type and message the per-iterator source raises (`numpy_function` maps both alike); a dataset
-built afterwards gets a new feeder. `REPLAY_TF_SHARED_SAMPLES=0` turns this off.
+rate-limiter timeout. Each iterator decides when it opens: while the server found when the dataset was
+built still runs and holds the same table, and no error ended the feeder, it reads the shared queue;
+otherwise (a server stopped and another started on that port, say) it reads through the per-iterator
+source, exactly as with `REPLAY_TF_SHARED_SAMPLES=0`, which turns this off. An error in the feeder (the
+server stopped, an item of another shape) closes the queue: the iterators reading it raise that error,
+with the type and message the per-iterator source raises (`numpy_function` maps both alike).
 """
 from __future__ import annotations
 
 import atexit
 import os
 import threading
+import time
 import weakref
 from typing import Any, Callable, Optional
 
@@ -37,6 +40,7 @@ import tree
 
 from replay_tf import _batch_source
 from replay_tf import _generator_exit
+from replay_tf import _local_servers
 from replay_tf import errors
 
 # `SharedSamples` by (server, table, samples per batch, packed layout), while a dataset or a feeder holds them.
@@ -44,6 +48,7 @@ _SHARED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 _LOCK = threading.Lock()
 _POLL_MS = 100  # the feeder re-checks for closing at least this often while the table refuses samples
 _CONSUMED, _WAKE = 0, 1  # tokens: a batch was dequeued; the number of open iterators changed
+_SHARED_SOURCE, _OWN_SOURCE = 0, 1  # what an iterator reads: the shared queue, or the per-iterator source
 
 
 def enabled() -> bool:
@@ -54,9 +59,11 @@ def enabled() -> bool:
 class SharedSamples:
     """The batches of `request` samples of one table of `server`, packed as `packer` packs them."""
 
-    def __init__(self, key: tuple, server, table: str, request: int, packer, stack: Callable[[list], list],
-                 packing: tuple):
+    def __init__(self, key: tuple, server, address: str, table: str, request: int, packer,
+                 stack: Callable[[list], list], packing: tuple):
         self.key = key
+        self._server = server
+        self._address = address
         self._table = server.table(table)
         self._table_name = table
         self._request = request
@@ -68,22 +75,36 @@ class SharedSamples:
                                             shapes=[[request, packer.row_bytes], []])
             self.tokens = tf.queue.FIFOQueue(2 ** 20, [tf.int8], shapes=[[]])
         self._cv = threading.Condition()
-        self._open = 0           # iterators open
-        self._in_flight = 0      # batches enqueued and not yet dequeued
+        self._open = 0           # iterators reading the queue
         self._thread: Optional[threading.Thread] = None
         self._stop = threading.Event()
         self.error: Optional[BaseException] = None
 
     # --- iterators ---
 
-    def opened(self) -> None:
+    def usable(self) -> bool:
+        """Whether a new iterator may read the queue: no error ended the feeder, and the server found when
+        the dataset was built still runs and holds the same table."""
+        server = self._server
+        return (not self._stop.is_set() and not server.stopped
+                and _local_servers.find_local_server(self._address) is server
+                and server.tables.get(self._table_name) is self._table)
+
+    def opened(self) -> bool:
+        """Counts an iterator that will read the queue; False (counting nothing) when none may (`usable`)."""
+        if not self.usable():
+            return False
         with self._cv:
+            if self._stop.is_set():
+                return False
             self._open += 1
             if self._thread is None:
-                self._thread = threading.Thread(target=self._feed, name="replay_tf-shared-samples", daemon=True)
+                self._thread = threading.Thread(target=self._feed, daemon=True,
+                                                name=f"replay_tf-shared-samples {self._address}/{self._table_name}")
                 self._thread.start()
             count = self._open // 4 + 1
         self._wake(count)
+        return True
 
     def closed(self) -> None:
         with self._cv:
@@ -112,35 +133,36 @@ class SharedSamples:
                         self._drop_left_locked()
                         self._thread = None
                         return
-                    owed = self._open - self._in_flight
-                    # (refilled once a quarter of the open iterators' batches are taken, or the queue is
-                    # empty: each round's sampling and enqueue cost the same for one batch or several)
-                    threshold = max(1, self._open // 4)
-                    refill = owed > 0 and (owed >= threshold or self._in_flight == 0)
-                if refill:
+                    open_ = self._open
+                # Batches owed: one per open iterator, less those in the queue (a batch taken by an
+                # iterator being destroyed may never put its token: the queue's size is the count).
+                owed = open_ - int(self.queue.size())
+                threshold = max(1, open_ // 4)
+                # (refilled once a quarter of the open iterators' batches are taken, or the queue is
+                # empty: each round's sampling and enqueue cost the same for one batch or several)
+                if owed > 0 and (owed >= threshold or owed == open_):
                     self._enqueue(owed)
                 else:
                     self._wait_for_tokens(threshold - max(owed, 0))
-        except BaseException as e:  # noqa: BLE001  (every iterator raises it, see `finish`)
-            self.error = e
+        except BaseException as e:  # noqa: BLE001  (the iterators reading the queue raise it, see `finish`)
             with self._cv:
+                if self.error is None:
+                    self.error = e
+                self._stop.set()
                 self._thread = None
             self.close()
 
     def _drop_left_locked(self) -> None:
-        """Drops the batches no open iterator is owed (sampled for iterators now closed) and their tokens."""
+        """Drops the batches no open iterator is owed (sampled for iterators now closed) and the tokens."""
         for queue in (self.queue, self.tokens):
             left = int(queue.size())
             if left:
                 queue.dequeue_many(left)
-        self._in_flight = 0
 
     def _wait_for_tokens(self, count: int) -> None:
         """Blocks (in TensorFlow, without the GIL) until `count` batches are dequeued or the iterators
         change (`_wake` puts enough tokens for any count asked before the change)."""
-        tokens = self.tokens.dequeue_many(count).numpy()
-        with self._cv:
-            self._in_flight -= int(np.count_nonzero(tokens == _CONSUMED))
+        self.tokens.dequeue_many(count)
 
     def _enqueue(self, count: int) -> None:
         samples = self._sample(count * self._request)
@@ -150,8 +172,6 @@ class SharedSamples:
         if len(samples) == count * request:  # (full batches: packed at once)
             packed = self._packer.pack(samples)
             if packed is not None:
-                with self._cv:
-                    self._in_flight += count
                 self.queue.enqueue_many([packed.reshape(count, request, -1), np.full([count], request, np.int32)])
                 return
         batches, sizes = [], []
@@ -165,8 +185,6 @@ class SharedSamples:
                                                           np.uint8)])
             batches.append(packed)
             sizes.append(len(batch))
-        with self._cv:
-            self._in_flight += len(batches)
         self.queue.enqueue_many([np.stack(batches), np.array(sizes, np.int32)])
 
     def _sample(self, count: int) -> list:
@@ -179,10 +197,10 @@ class SharedSamples:
                 with self._cv:
                     if self._open == 0:
                         return []
-                continue
 
-    def close(self) -> None:
-        """Ends the feeder; iterators still reading see the end of the queue (and `error`, if any)."""
+    def close(self, join_s: float = 0.0) -> None:
+        """Ends the feeder (waiting up to `join_s` for its thread); iterators reading the queue see its end
+        (and `error`, if any), later ones read through the per-iterator source."""
         self._stop.set()
         try:
             self._table.wake_waiters()
@@ -195,10 +213,10 @@ class SharedSamples:
             pass
         with self._cv:
             count = self._open // 4 + 1
+            thread = self._thread
         self._wake(count)  # (a feeder waiting for tokens)
-        with _LOCK:
-            if _SHARED.get(self.key) is self:
-                del _SHARED[self.key]
+        if join_s and thread is not None and thread is not threading.current_thread():
+            thread.join(join_s)
 
     # --- the graph side ---
 
@@ -212,47 +230,52 @@ class SharedSamples:
         """The end of an iterator's batches: raises the feeder's error, if any (else ends the iteration)."""
         del key
         if self.error is not None:
-            raise self.error
+            raise self.error.with_traceback(None)  # (raised by every reader: no traceback piling up)
         raise StopIteration
 
 
-def dataset(server, table: str, request: int, packer, stack: Callable[[list], list], element_spec: Any
-            ) -> tf.data.Dataset:
+def dataset(server, address: str, table: str, request: int, packer, stack: Callable[[list], list],
+            element_spec: Any, own_source: tf.data.Dataset, names: tuple) -> tf.data.Dataset:
     """Batches (elements of `element_spec`, a nest of `tf.TensorSpec`s with an unknown leading dimension)
-    of `request` samples of `table`, packed by `packer`, from the `SharedSamples` of those."""
+    of `request` samples of `table` of `server` (at `address`), packed by `packer`, from the
+    `SharedSamples` of those; iterators that may not read it (`SharedSamples.usable`) read `own_source`,
+    the per-iterator batches of the same elements. `names` (the columns' paths) are part of the key: the
+    feeder's errors name them."""
     flat_specs = tree.flatten(element_spec)
     packing = _batch_source._packing(flat_specs)
-    key = (id(server), table, request, packer.row_bytes, packing[0], tuple(packing[2]))
-
-    def shared() -> SharedSamples:
-        with _LOCK:
-            samples = _SHARED.get(key)
-            if samples is None or samples._stop.is_set() or samples._table is not server.table(table):
-                samples = SharedSamples(key, server, table, request, packer, stack, packing)
-                _SHARED[key] = samples
-            return samples
-
-    samples = shared()
+    key = (id(server), address, table, request, packing[0], tuple(packing[2]), names)
+    with _LOCK:
+        samples = _SHARED.get(key)
+        if samples is None or not samples.usable() or samples._table is not server.tables.get(table):
+            samples = SharedSamples(key, server, address, table, request, packer, stack, packing)
+            _SHARED[key] = samples
 
     def start():
-        samples.opened()
+        shared = samples.opened()
         try:
-            yield np.int64(0)
+            yield np.int64(_SHARED_SOURCE if shared else _OWN_SOURCE)
         finally:
-            samples.closed()
+            if shared:
+                samples.closed()
 
     @tf.autograph.experimental.do_not_convert
     def read(key):
         return tree.unflatten_as(element_spec, _batch_source._unpack(samples.read(key), flat_specs, packing))
 
     @tf.autograph.experimental.do_not_convert
+    def finish(key):
+        return tree.unflatten_as(element_spec, _batch_source._unpack(
+            tf.numpy_function(samples.finish, [key], tf.uint8, stateful=True), flat_specs, packing))
+
+    @tf.autograph.experimental.do_not_convert
     def per_iterator(key):
-        batches = tf.compat.v1.data.Dataset.from_tensors(key).repeat().map(read)
-        # (after the queue ends: the feeder's error, or the end)
-        end = tf.compat.v1.data.Dataset.from_tensors(key).map(
-            lambda k: tree.unflatten_as(element_spec, _batch_source._unpack(
-                tf.numpy_function(samples.finish, [k], tf.uint8, stateful=True), flat_specs, packing)))
-        return batches.concatenate(end)
+        # (one of the two, by what `start` decided: `take(0)` never starts its input's elements)
+        shared = (tf.compat.v1.data.Dataset.from_tensors(key).repeat().map(read)
+                  .concatenate(tf.compat.v1.data.Dataset.from_tensors(key).map(finish)))  # (the error, or the end)
+        everything = tf.constant(-1, tf.int64)
+        nothing = tf.constant(0, tf.int64)
+        return shared.take(tf.where(key == _SHARED_SOURCE, everything, nothing)).concatenate(
+            own_source.take(tf.where(key == _OWN_SOURCE, everything, nothing)))
 
     keys = tf.data.Dataset.from_generator(lambda: _generator_exit.ending_at_exit(start()),
                                           output_signature=tf.TensorSpec([], tf.int64))
@@ -262,12 +285,28 @@ def dataset(server, table: str, request: int, packer, stack: Callable[[list], li
 
 
 def _close_all() -> None:
+    """At exit: ends every feeder and the queues' readers before the interpreter finalizes (the sample
+    generators of `_generator_exit` are told to end first, and its exit wait starts after this)."""
+    generators = _generator_exit._GENERATORS
+    generators.exiting.set()
     with _LOCK:
         shared = list(_SHARED.values())
     for samples in shared:
-        samples.close()
+        samples.close(join_s=1.0)
+    with generators.cv:
+        generators.changed = time.monotonic()  # (readers woken here may still enter Python: wait quietly)
+
+
+def _after_fork() -> None:
+    """In a forked child no feeder thread runs: forget the shared sources (datasets read their own)."""
+    for samples in list(_SHARED.values()):
+        samples._stop.set()
+        samples._thread = None
+        samples._cv = threading.Condition()
+        samples._open = 0
+    _SHARED.clear()
 
 
 atexit.register(_close_all)
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=lambda: _SHARED.clear())
+    os.register_at_fork(after_in_child=_after_fork)

@@ -217,7 +217,8 @@ class TrajectoryDataset(_lazy_dataset.LazyDatasetV1):
 
     def _shared_batches(self) -> Optional[tf.data.Dataset]:
         """The batches of a table of this process through `_shared_samples`, where that changes nothing a
-        user can tell (see its module docstring); None otherwise."""
+        user can tell (see its module docstring; its iterators may still read `_from_generator`'s); None
+        otherwise."""
         if (not _shared_samples.enabled() or type(self) is not TrajectoryDataset
                 or not isinstance(self._server_address, str) or not isinstance(self._table, str)
                 or self._num_workers != 1 or self._max_samples is not None or self._timeout_ms is not None
@@ -233,9 +234,10 @@ class TrajectoryDataset(_lazy_dataset.LazyDatasetV1):
         if transport.server.table(self._table).max_times_sampled != 0:
             return None
         table = self._table
-        return _shared_samples.dataset(transport.server, table, self._max_in_flight, packer,
+        return _shared_samples.dataset(transport.server, self._server_address, table, self._max_in_flight, packer,
                                        lambda samples: self._stack_flat(samples, None, table),
-                                       self._batch_specs(None))
+                                       self._batch_specs(None), self._from_generator(),
+                                       tuple(self._column_paths))
 
     def batch(self, batch_size, drop_remainder=False, num_parallel_calls=None, deterministic=None, name=None):
         """`tf.data.Dataset.batch`, computed without unbatching: batches of samples are stacked once, in

@@ -15,12 +15,11 @@ import tensorflow as tf
 
 import proc_testlib
 import replay_tf as reverb
+from replay_tf import _shared_samples
 
-_FEEDER = "replay_tf-shared-samples"
-
-
-def _feeders() -> int:
-    return sum(t.name == _FEEDER for t in threading.enumerate())
+def _feeders(address: str) -> int:
+    """Feeder threads running for table "t" of the server at `address`."""
+    return sum(t.name == f"replay_tf-shared-samples {address}/t" for t in threading.enumerate())
 
 
 def _wait_until(condition, timeout_s: float = 5.0) -> bool:
@@ -32,17 +31,17 @@ def _wait_until(condition, timeout_s: float = 5.0) -> bool:
     return True
 
 
-def _server(num_items: int, selector=None, max_times_sampled: int = 0, signature=True):
+def _server(num_items: int, selector=None, max_times_sampled: int = 0, signature=True, port=None, first=0):
     spec = {"obs": tf.TensorSpec([2, 3], tf.float32), "step": tf.TensorSpec([2], tf.int64)}
     table = reverb.Table("t", selector or reverb.selectors.Uniform(), reverb.selectors.Fifo(), 1000,
                          reverb.rate_limiters.MinSize(1), max_times_sampled=max_times_sampled,
                          signature=spec if signature else None)
-    server = reverb.Server([table])
+    server = reverb.Server([table], port=port)
     client = reverb.Client(f"localhost:{server.port}")
     with client.trajectory_writer(num_keep_alive_refs=2) as writer:
-        for i in range(num_items + 1):
+        for i in range(first, first + num_items + 1):
             writer.append({"obs": np.full([3], i, np.float32), "step": np.int64(i)})
-            if i >= 1:
+            if i > first:
                 writer.create_item("t", 1.0 + i, {k: v[-2:] for k, v in writer.history.items()})  # steps i-1, i
     return server, f"localhost:{server.port}"
 
@@ -59,7 +58,7 @@ def _tf_agents_shape(address: str, cycles: int = 8) -> tf.data.Dataset:
                                                    num_parallel_calls=tf.data.AUTOTUNE).batch(2 * cycles)
 
 
-def _check_samples(sample, num_items: int, priorities=None):
+def _check_samples(sample, num_items, priorities=None):
     """Every sample's data is its item's (item i holds steps i-1 and i) and its info is the table's."""
     steps = sample.data["step"].numpy().reshape(-1, 2)
     np.testing.assert_array_equal(steps[:, 1], steps[:, 0] + 1)
@@ -79,9 +78,9 @@ def test_interleaved_datasets_share_one_feeder_and_sample_what_the_table_holds()
         iterator = iter(_tf_agents_shape(address))
         for _ in range(20):
             _check_samples(next(iterator), 50)
-        assert _feeders() == 1
+        assert _feeders(address) == 1
         del iterator
-        assert _wait_until(lambda: _feeders() == 0)
+        assert _wait_until(lambda: _feeders(address) == 0)
     finally:
         server.stop()
 
@@ -111,10 +110,12 @@ def test_an_open_iterator_is_owed_at_most_one_batch():
     try:
         iterator = iter(_dataset(address, max_in_flight=4).with_options(options))
         next(iterator)  # one batch of 4 dequeued, one more owed
+        assert _wait_until(lambda: _taken(server) >= 8)
         time.sleep(0.3)
-        assert _taken(server) == 8
+        assert _taken(server) == 8 and _feeders(address) == 1
         for _ in range(4):
             next(iterator)
+        assert _wait_until(lambda: _taken(server) >= 12)
         time.sleep(0.3)
         assert _taken(server) == 12
     finally:
@@ -128,7 +129,7 @@ def test_a_dataset_iterates_again_after_its_iterators_closed():
         for _ in range(3):
             samples = list(dataset.take(7).batch(7))
             _check_samples(samples[0], 30)
-            assert _wait_until(lambda: _feeders() == 0)
+            assert _wait_until(lambda: _feeders(address) == 0)
     finally:
         server.stop()
 
@@ -159,6 +160,7 @@ def _stopped_server_error(monkeypatch, shared: str):
     server, address = _server(10)
     iterator = iter(_dataset(address))
     next(iterator)
+    assert _feeders(address) == (shared == "1")
     server.stop()
     with pytest.raises(tf.errors.OpError) as raised:
         for _ in range(100):
@@ -186,6 +188,8 @@ def _mismatch_error(monkeypatch, shared: str):
                                            max_in_flight_samples_per_worker=3)
         with pytest.raises(tf.errors.OpError) as raised:
             next(iter(dataset))
+        feeder_errors = [s.error for s in _shared_samples._SHARED.values() if s.key[1] == address]
+        assert bool(feeder_errors and feeder_errors[0]) == (shared == "1")  # (the feeder raised it)
         return type(raised.value), _python_error(raised.value)
     finally:
         server.stop()
@@ -197,26 +201,38 @@ def test_items_of_another_shape_raise_what_the_per_iterator_source_raises(monkey
     assert error is tf.errors.InvalidArgumentError and "expects dtype=float32 shape=(2, 4)" in message
 
 
-@pytest.mark.parametrize("case", ["queue table", "table as a tensor", "two workers", "timeout", "max_samples",
+@pytest.mark.parametrize("case", ["replay table", "queue table", "two workers", "timeout", "max_samples",
                                   "switched off"])
-def test_these_datasets_keep_the_per_iterator_source(case, monkeypatch):
+def test_which_datasets_share_a_feeder(case, monkeypatch):
     server, address = _server(10, max_times_sampled=1 if case == "queue table" else 0)
     kwargs = {"two workers": {"num_workers_per_iterator": 2}, "timeout": {"rate_limiter_timeout_ms": 1000},
               "max_samples": {"max_samples": 5}}.get(case, {})
     if case == "switched off":
         monkeypatch.setenv("REPLAY_TF_SHARED_SAMPLES", "0")
     try:
-        if case == "table as a tensor":
-            dataset = reverb.TrajectoryDataset(address, tf.constant("t"), {"obs": tf.float32, "step": tf.int64},
-                                               {"obs": tf.TensorShape([2, 3]), "step": tf.TensorShape([2])},
-                                               max_in_flight_samples_per_worker=3)
-        else:
-            dataset = _dataset(address, **kwargs)
-        assert _wait_until(lambda: _feeders() == 0)
-        iterator = iter(dataset.batch(5))
+        iterator = iter(_dataset(address, **kwargs))
         sample = next(iterator)
         _check_samples(sample, 10 if case != "queue table" else None)
-        assert _feeders() == 0
+        assert _feeders(address) == (case == "replay table")
+    finally:
+        server.stop()
+
+
+def test_a_server_started_again_on_the_port_is_sampled_through_the_per_iterator_source():
+    server, address = _server(10)
+    port = server.port
+    dataset = _dataset(address)
+    iterator = iter(dataset)
+    next(iterator)
+    assert _feeders(address) == 1
+    del iterator
+    server.stop()
+    assert _wait_until(lambda: _feeders(address) == 0)
+    server, address = _server(10, port=port, first=100)  # (steps 100-110)
+    try:
+        sample = next(iter(dataset.take(5).batch(5)))
+        _check_samples(sample, 10)
+        assert sample.data["step"].numpy().min() >= 100 and _feeders(address) == 0
     finally:
         server.stop()
 
@@ -229,7 +245,7 @@ def test_tf1_graphs_keep_the_per_iterator_source():
             with tf.compat.v1.Session() as session:
                 step = session.run(element.data["step"])
         assert step[1] == step[0] + 1
-        assert _feeders() == 0
+        assert _feeders(address) == 0
     finally:
         server.stop()
 
@@ -238,6 +254,7 @@ _EXIT_WITH_OPEN_ITERATORS = """
 import sys
 import numpy as np, tensorflow as tf
 import replay_tf as reverb
+from replay_tf import _shared_samples
 server = reverb.Server([reverb.Table('t', reverb.selectors.Uniform(), reverb.selectors.Fifo(), 1000,
                                      reverb.rate_limiters.MinSize(1))])
 with reverb.Client(f'localhost:{server.port}').trajectory_writer(num_keep_alive_refs=1) as writer:

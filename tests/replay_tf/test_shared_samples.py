@@ -283,3 +283,23 @@ def test_a_process_exits_with_shared_iterators_still_open():
     finally:
         for proc in procs:
             proc.kill()
+
+
+def test_iterators_outlive_the_python_objects_of_their_datasets():
+    # Datasets traced inside an interleave function leave no Python object behind: the shared source (its
+    # queue) must stay alive for the iterators that read it.
+    import gc
+    server, address = _server(20)
+    try:
+        iterator = iter(_tf_agents_shape(address, cycles=4))
+        for _ in range(3):
+            gc.collect()
+            _check_samples(next(iterator), 20)
+        dataset = _dataset(address)
+        iterator = iter(dataset)
+        del dataset
+        gc.collect()
+        for _ in range(10):
+            next(iterator)
+    finally:
+        server.stop()

@@ -31,7 +31,6 @@ import atexit
 import os
 import threading
 import time
-import weakref
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -43,8 +42,11 @@ from replay_tf import _generator_exit
 from replay_tf import _local_servers
 from replay_tf import errors
 
-# `SharedSamples` by (server, table, samples per batch, packed layout), while a dataset or a feeder holds them.
-_SHARED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+# `SharedSamples` by (server, address, table, samples per batch, layout, column names). Kept for the life of
+# the process: a pipeline traced with one of their queues may outlive every Python object of its dataset,
+# and a queue deleted under it would fail its reads. Those of a stopped server let go of its tables
+# (`_release`), so what stays is two empty queues each.
+_SHARED: dict = {}
 _LOCK = threading.Lock()
 _POLL_MS = 100  # the feeder re-checks for closing at least this often while the table refuses samples
 _CONSUMED, _WAKE = 0, 1  # tokens: a batch was dequeued; the number of open iterators changed
@@ -86,7 +88,7 @@ class SharedSamples:
         """Whether a new iterator may read the queue: no error ended the feeder, and the server found when
         the dataset was built still runs and holds the same table."""
         server = self._server
-        return (not self._stop.is_set() and not server.stopped
+        return (server is not None and not self._stop.is_set() and not server.stopped
                 and _local_servers.find_local_server(self._address) is server
                 and server.tables.get(self._table_name) is self._table)
 
@@ -204,7 +206,7 @@ class SharedSamples:
         self._stop.set()
         try:
             self._table.wake_waiters()
-        except Exception:  # noqa: BLE001  (a stopped table has no waiters)
+        except Exception:  # noqa: BLE001  (a stopped table has no waiters; a released one is None)
             pass
         try:
             # (the tokens stay open: a reader that dequeued its batch before this still puts its token)
@@ -217,6 +219,17 @@ class SharedSamples:
         self._wake(count)  # (a feeder waiting for tokens)
         if join_s and thread is not None and thread is not threading.current_thread():
             thread.join(join_s)
+
+    def _release(self) -> bool:
+        """Lets go of a stopped server's table (and its items) once no iterator reads the queue; whether
+        it did (the queues stay, see `_SHARED`)."""
+        with self._cv:
+            if self._server is None or not self._server.stopped or self._open or self._thread is not None:
+                return False
+            self._stop.set()
+            self._server = self._table = None
+            self._stack = None
+            return True
 
     # --- the graph side ---
 
@@ -245,6 +258,8 @@ def dataset(server, address: str, table: str, request: int, packer, stack: Calla
     packing = _batch_source._packing(flat_specs)
     key = (id(server), address, table, request, packing[0], tuple(packing[2]), names)
     with _LOCK:
+        for old in list(_SHARED.values()):
+            old._release()
         samples = _SHARED.get(key)
         if samples is None or not samples.usable() or samples._table is not server.tables.get(table):
             samples = SharedSamples(key, server, address, table, request, packer, stack, packing)

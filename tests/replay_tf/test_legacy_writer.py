@@ -16,6 +16,13 @@ server = reverb.Server([reverb.Table.queue("q", 100),
 client = reverb.Client(f"localhost:{server.port}")
 def step(i):
     return {"a": np.int32(i), "b": np.array([i, -i], np.float32), "c": (np.int64(10 * i),)}
+def settled_size(table, count, timeout_s=10.0):
+    # dm-reverb's writer may return from close before its server shows every item: wait (bounded) for them.
+    import time
+    deadline = time.monotonic() + timeout_s
+    while client.server_info()[table].current_size < count and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return client.server_info()[table].current_size
 def drain(table, count):
     out = []
     for sample in client.sample(table, count, emit_timesteps=False):
@@ -38,7 +45,7 @@ with client.writer(3, chunk_length=2) as writer:
     writer.append_sequence({"a": np.array([5, 6], np.int32), "b": np.zeros([2, 2], np.float32),
                             "c": (np.array([50, 60], np.int64),)})
     writer.create_item("q", 3, 1.0)
-emit("size", client.server_info()["q"].current_size)
+emit("size", settled_size("q", 4))
 emit("items", drain("q", 4))
 """,
     "default_chunk_length_and_flush": _SETUP + """

@@ -236,7 +236,9 @@ class SharedSamples:
     def read(self, unused_key: tf.Tensor) -> tf.Tensor:
         """One batch, as `[rows, row_bytes]` uint8 (the packed layout of `_batch_source`)."""
         batch, size = self.queue.dequeue()
-        with tf.control_dependencies([self.tokens.enqueue(tf.constant(_CONSUMED, tf.int8))]):
+        with tf.control_dependencies([batch, size]):  # (the token only once the batch has left the queue)
+            token = self.tokens.enqueue(tf.constant(_CONSUMED, tf.int8))
+        with tf.control_dependencies([token]):
             return batch[:size]
 
     def finish(self, key: np.ndarray) -> np.ndarray:

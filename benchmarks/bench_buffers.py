@@ -5,8 +5,9 @@ at RL_DATA_JAX_PYTHON or ~/.cache/rl-data-jax/bin/python). Workloads: the seed's
 (action [3], lidar [5], camera [3,2] float32) and an Atari-like spec (uint8 [84,84,4], int32 action,
 float32 reward); batch_size 32, max_length 1000, sample batch 256, num_steps 2, alpha 0.6. Calling modes:
 from Python (one call per add / sample, tf-agents wrapped in tf.function as its agents do), inside a
-user's tf.function, inside an `as_dataset` pipeline, and a `jit_compile=True` collect loop of 100 adds
-(against flashbax's jitted `fori_loop` of 100 adds; tf-agents' CriticalSection does not compile with XLA).
+user's tf.function, inside an `as_dataset` pipeline, and a `jit_compile=True` `tf.while_loop` of 100 (and
+1,000) adds (against flashbax's jitted `fori_loop` of as many adds; tf-agents' CriticalSection does not
+compile with XLA).
 
 On a GPU: `RL_DATA_BENCH_DEVICE=gpu:0 python -m benchmarks.run buffers` builds our buffers with
 `device='gpu:0'` and runs flashbax on JAX's GPU backend (a CUDA build of TensorFlow here and of JAX in the
@@ -103,13 +104,26 @@ def run_traced_workloads(RB, results, prioritized=None, jit_loop=True, bounds=Fa
         results["as_dataset_256x2_autotune_small_no_work"] = best_rate(lambda: (next(ds), SAMPLE)[1])
         del ds
     if jit_loop:
-        @tf.function(jit_compile=True, autograph=False)
-        def collect_100(items):
-            for _ in range(100):
-                rb.add_batch(items)
-            return rb.num_frames()
-        collect_100(items)
-        results["jit_collect_100_small"] = best_rate(lambda: (collect_100(items).numpy(), 100 * BATCH)[1])
+        def collect_loop(adds):  # a tf.while_loop of `adds` add_batch calls, as flashbax's fori_loop
+            @tf.function(jit_compile=True, autograph=False)
+            def collect(items):
+                def body(i):
+                    with tf.control_dependencies([rb.add_batch(items)]):
+                        return (i + 1,)
+                tf.while_loop(lambda i: i < adds, body, (tf.constant(0),))
+                return rb.num_frames()
+            collect(items)
+            return collect
+        for adds in (1, 100, 1000):
+            collect = collect_loop(adds)
+            results[f"jit_collect_{adds}_small"] = best_rate(
+                lambda: (collect(items).numpy(), adds * BATCH)[1])
+        if bounds:  # TensorFlow's cost of calling a compiled function, expressed per 100 adds of a call
+            @tf.function(jit_compile=True, autograph=False)
+            def empty_call(items):
+                return rb.num_frames()
+            empty_call(items)
+            results["jit_empty_call_small"] = best_rate(lambda: (empty_call(items).numpy(), 100 * BATCH)[1])
     del rb
     rb = RB(ATARI, batch_size=BATCH, max_length=LENGTH)
     items = fill(rb, ATARI)
@@ -125,6 +139,24 @@ def run_traced_workloads(RB, results, prioritized=None, jit_loop=True, bounds=Fa
         return rb.get_next(SAMPLE, STEPS)
     sample()
     results["tf_function_get_next_atari"] = best_rate(lambda: (sample()[0][0].shape, SAMPLE)[1])
+    if bounds:  # the bytes alone: the add's scatters and the sample's gathers, on the buffer's own storage
+        storage = rb.variables()[:len(tf.nest.flatten(ATARI))]  # (one [BATCH * LENGTH, ...] variable per leaf)
+        rows = tf.range(BATCH, 2 * BATCH, dtype=tf.int64)
+        windows = tf.constant(np.random.default_rng(0).integers(0, BATCH * LENGTH, SAMPLE * STEPS), tf.int64)
+
+        @tf.function
+        def scatters(items):
+            for variable, value in zip(storage, tf.nest.flatten(items)):
+                variable.scatter_update(tf.IndexedSlices(value, rows))
+        scatters(items)
+        results["tf_function_scatters_atari"] = best_rate(lambda: (scatters(items), BATCH)[1])
+
+        @tf.function
+        def gathers():
+            return [tf.reshape(v.sparse_read(windows), [SAMPLE, STEPS] + v.shape.as_list()[1:]) for v in storage]
+        gathers()
+        results["tf_function_gathers_atari"] = best_rate(lambda: (gathers()[0].shape, SAMPLE)[1])
+        del storage
     del rb
     if prioritized is not None:
         rb = prioritized(ATARI, batch_size=BATCH, max_length=LENGTH, alpha=0.6)
@@ -192,15 +224,15 @@ def run(name, spec, make):
     return buf, box
 buf, box = run("small", SMALL, fbx.make_trajectory_buffer)
 batch = items(SMALL)
-def collect_100(state, batch):
-    return jax.lax.fori_loop(0, 100, lambda _, s: buf.add(s, batch), state)
-collect_100 = jax.jit(collect_100, donate_argnums=0)
-box[0] = collect_100(box[0], batch)
-def do_collect():
-    box[0] = collect_100(box[0], batch)
-    jax.block_until_ready(box[0].current_index)
-    return 100 * BATCH
-results["jit_collect_100_small"] = best_rate(do_collect)
+for adds in (1, 100, 1000):
+    collect = jax.jit(lambda state, batch, adds=adds: jax.lax.fori_loop(0, adds, lambda _, s: buf.add(s, batch),
+                                                                       state), donate_argnums=0)
+    box[0] = collect(box[0], batch)
+    def do_collect():
+        box[0] = collect(box[0], batch)
+        jax.block_until_ready(box[0].current_index)
+        return adds * BATCH
+    results[f"jit_collect_{adds}_small"] = best_rate(do_collect)
 run("atari", ATARI, fbx.make_trajectory_buffer)
 buf, box = run("atari_prioritized", ATARI,
                lambda **kw: fbx.make_prioritised_trajectory_buffer(priority_exponent=0.6, device=DEVICE, **kw))
@@ -321,7 +353,8 @@ def _device_main(device: str) -> None:
             ("prioritized(0.6) get_next(256, 2) Atari", "get_next_atari_prioritized", "samples/s"),
             ("prioritized add_batch Atari (vs flashbax PER add)", "add_atari_prioritized", "frames/s"),
             ("update_priorities, 256 ids per call", "update_priorities", "updates/s"),
-            ("jit_compile'd loop of 100 add_batch small spec", "jit_collect_100_small", "frames/s"),
+            ("jit_compile'd tf.while_loop of 100 add_batch small spec", "jit_collect_100_small", "frames/s"),
+            ("jit_compile'd tf.while_loop of 1,000 add_batch small spec", "jit_collect_1000_small", "frames/s"),
     ]:
         rows.append({"workload": f"[{device}] {workload}", "ours": ours.get(key), "peer": fbx.get(key),
                      "peer_name": f"flashbax ({_jax_platform(device)})", "unit": unit})
@@ -335,6 +368,16 @@ def _device_main(device: str) -> None:
                      "peer_name": f"flashbax ({_jax_platform(device)})", "unit": "frames/s" if "add" in key
                      else "samples/s"})
     _harness.report("buffers_" + "".join(c for c in device.lower() if c.isalnum()), rows)
+
+
+def _marginal_rate(results: dict) -> float | None:
+    """Frames/s of the adds alone inside a compiled loop: the 1,000-add call's time less the 1-add call's
+    (what calling the program costs), over the 999 adds between them."""
+    one, many = results.get("jit_collect_1_small"), results.get("jit_collect_1000_small")
+    if not one or not many:
+        return None
+    extra = 1000 * BATCH / many - BATCH / one
+    return 999 * BATCH / extra if extra > 0 else None
 
 
 def main() -> None:
@@ -375,9 +418,21 @@ def main() -> None:
         {"as_dataset_256x2_autotune_small_no_work": peer.get("as_dataset_256x2_autotune_small")},
         "tf-agents (real)")
     row("add_batch in tf.function (1 add/call) Atari", "tf_function_add_atari", "frames/s", peer, "tf-agents")
+    row("bound: the add's scatters alone in a tf.function (one per leaf, 32 rows)", "tf_function_scatters_atari",
+        "frames/s", {"tf_function_scatters_atari": peer.get("tf_function_add_atari")}, "tf-agents add (real)")
     row("get_next(256, 2) in tf.function Atari", "tf_function_get_next_atari", "samples/s", peer, "tf-agents")
-    row("jit_compile'd loop of 100 add_batch small spec", "jit_collect_100_small", "frames/s", fbx,
+    row("bound: the sample's gathers alone in a tf.function (one per leaf, 512 rows)", "tf_function_gathers_atari",
+        "samples/s", {"tf_function_gathers_atari": peer.get("tf_function_get_next_atari")},
+        "tf-agents get_next (real)")
+    row("jit_compile'd tf.while_loop of 100 add_batch small spec", "jit_collect_100_small", "frames/s", fbx,
         "flashbax fori_loop")
+    row("same, 1,000 add_batch per call", "jit_collect_1000_small", "frames/s", fbx, "flashbax fori_loop")
+    rows.append({"workload": "the loop's adds alone: (1,000-add call - 1-add call) / 999 adds",
+                 "ours": _marginal_rate(ours), "peer": _marginal_rate(fbx), "peer_name": "flashbax fori_loop",
+                 "unit": "frames/s"})
+    row("bound: a jit_compile'd tf.function that adds nothing (returns num_frames), per 100 adds",
+        "jit_empty_call_small", "frames/s", {"jit_empty_call_small": fbx.get("jit_collect_100_small")},
+        "flashbax fori_loop of 100 (real)")
     row("prioritized get_next(256, 2) in tf.function Atari", "tf_function_get_next_atari_prioritized",
         "samples/s", {"tf_function_get_next_atari_prioritized": fbx.get("get_next_atari_prioritized")},
         "flashbax")

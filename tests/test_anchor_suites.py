@@ -49,10 +49,7 @@ NOT_RUN = {
 
 # Failing anchor tests that are known, by test id (`file::Class::test`), each with its cause. Grouped by
 # cause; a test that passes again is reported by its case ("excluded but passing now") for removal.
-_PRIVATE = "calls a private member of the anchor's class or module, which replay_tf/rlds_tf do not have: "
 EXCLUDED: dict[str, str] = {
-    # --- private internals the anchors' tests reach into (not part of the API users port) ---
-    "nested_ops_test.py::NestedOpsTest::test_map_episode": _PRIVATE + "rlds.transformations.nested_ops._map_episode",
     # --- documented differences ---
     **{f"py_replay_buffers_test.py::PyUniformReplayBufferTest::testEmptyBuffer{kind}{hashing}":
        "sampling an empty PyUniformReplayBuffer / PyHashedReplayBuffer raises ValueError (documented in "

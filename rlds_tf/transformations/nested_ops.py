@@ -31,6 +31,26 @@ def map_steps(steps_dataset: tf.data.Dataset, transform_step: Callable[[rlds_typ
     return steps_dataset.map(transform_step)
 
 
+def _map_episode(episode: rlds_types.Episode, transform_step: Callable[[rlds_types.Step], Any], in_place: bool,
+                 optimization_batch_size: int = 1) -> rlds_types.Episode:
+    """rlds' helper behind `map_nested_steps`, kept for code that calls it: `episode` with
+    `transform_step` applied to its steps; `in_place` stores the new steps in `episode` itself and returns
+    it, otherwise a new dict with the same metadata is returned.
+
+    >>> episode = {'steps': tf.data.Dataset.range(3), 'id': 7}
+    >>> copy = _map_episode(episode, lambda s: s + 1, in_place=False)
+    >>> [int(s) for s in copy['steps']], [int(s) for s in episode['steps']], copy['id']
+    ([1, 2, 3], [0, 1, 2], 7)
+    >>> _map_episode(episode, lambda s: s * 10, in_place=True) is episode, [int(s) for s in episode['steps']]
+    (True, [0, 10, 20])
+    """
+    steps = map_steps(episode[rlds_types.STEPS], transform_step, optimization_batch_size)
+    if not in_place:
+        return _with_steps(episode, steps)
+    episode[rlds_types.STEPS] = steps
+    return episode
+
+
 def map_nested_steps(episodes_dataset: tf.data.Dataset, transform_step: Callable[[rlds_types.Step], Any],
                      optimization_batch_size: int = flexible_batch.BATCH_AUTO_TUNE) -> tf.data.Dataset:
     """Applies `transform_step` to every step of every episode; episode metadata is kept.

@@ -11,8 +11,10 @@ batches in the graph: no Python on tf.data's threads.
 Samples in flight: as a Reverb worker has at most `max_in_flight_samples_per_worker` samples in flight,
 each open iterator is owed at most one batch: the queue holds at most one batch per open iterator, and the
 feeder samples again only after a batch was dequeued (each dequeue puts a token in a second queue, which
-the feeder waits on in TensorFlow, without the GIL). When the last iterator closes, the batches left are
-dropped and the thread ends; the next iterator starts another.
+the feeder waits on in TensorFlow, without the GIL, and takes all of at each round). An iterator opening
+or closing ends the feeder's wait for a table that refuses samples, so a round is never sampled for
+iterators gone. When the last iterator closes, the batches left are dropped and the thread ends; the next
+iterator starts another.
 
 Used only where that changes nothing a user can tell (`TrajectoryDataset._shared_batches`): a table of
 this process known by name when the dataset is built, eagerly, with items that are never deleted by
@@ -75,11 +77,13 @@ class SharedSamples:
         with tf.init_scope():
             self.queue = tf.queue.FIFOQueue(2 ** 20, [tf.uint8, tf.int32],
                                             shapes=[[request, packer.row_bytes], []])
-            self.tokens = tf.queue.FIFOQueue(2 ** 20, [tf.int8], shapes=[[]])
+            # (unbounded: a put never blocks; the feeder takes every token there at each round)
+            self.tokens = tf.queue.FIFOQueue(-1, [tf.int8], shapes=[[]])
         self._cv = threading.Condition()
         self._open = 0           # iterators reading the queue
         self._thread: Optional[threading.Thread] = None
         self._stop = threading.Event()
+        self._changed = threading.Event()  # the open count changed (or stop): a round's sampling ends
         self.error: Optional[BaseException] = None
 
     # --- iterators ---
@@ -99,12 +103,14 @@ class SharedSamples:
         with self._cv:
             if self._stop.is_set():
                 return False
-            self._open += 1
             if self._thread is None:
-                self._thread = threading.Thread(target=self._feed, daemon=True,
-                                                name=f"replay_tf-shared-samples {self._address}/{self._table_name}")
-                self._thread.start()
+                thread = threading.Thread(target=self._feed, daemon=True,
+                                          name=f"replay_tf-shared-samples {self._address}/{self._table_name}")
+                thread.start()  # (raises before anything is counted: a later iterator starts another)
+                self._thread = thread
+            self._open += 1
             count = self._open // 4 + 1
+        self._counts_changed()
         self._wake(count)
         return True
 
@@ -112,21 +118,31 @@ class SharedSamples:
         with self._cv:
             self._open -= 1
             count = self._open // 4 + 2
+        self._counts_changed()
         self._wake(count)
+
+    def _counts_changed(self) -> None:
+        """Ends a wait of the feeder's sampling for a table that refuses samples: that round was computed
+        for other iterators (nothing is sampled for iterators gone)."""
+        self._changed.set()
+        table = self._table
+        if table is not None:
+            table.wake_waiters()
 
     def _wake(self, count: int = 1) -> None:
         """Puts `count` wake tokens: at least as many as the feeder may be waiting for (it waits for at most
         a quarter of the open iterators' batches, counted before this change)."""
-        try:
-            self.tokens.enqueue_many(tf.constant(np.full([count], _WAKE, np.int8)))
-        except (tf.errors.CancelledError, tf.errors.OutOfRangeError):
-            pass  # (closed: the feeder has ended)
+        self.tokens.enqueue_many(tf.constant(np.full([count], _WAKE, np.int8)))
 
     # --- the feeder ---
 
     def _feed(self) -> None:
         try:
             while True:
+                # Tokens first: each was put after the change it reports (a dequeue, a count changed), so
+                # the counts read next include every change whose token is taken here.
+                self._take_tokens(0)
+                self._changed.clear()  # (before the counts are read: a change after it ends the round)
                 with self._cv:
                     if self._stop.is_set():
                         self._thread = None
@@ -145,7 +161,7 @@ class SharedSamples:
                 if owed > 0 and (owed >= threshold or owed == open_):
                     self._enqueue(owed)
                 else:
-                    self._wait_for_tokens(threshold - max(owed, 0))
+                    self._take_tokens(threshold - max(owed, 0))
         except BaseException as e:  # noqa: BLE001  (the iterators reading the queue raise it, see `finish`)
             with self._cv:
                 if self.error is None:
@@ -161,10 +177,13 @@ class SharedSamples:
             if left:
                 queue.dequeue_many(left)
 
-    def _wait_for_tokens(self, count: int) -> None:
-        """Blocks (in TensorFlow, without the GIL) until `count` batches are dequeued or the iterators
-        change (`_wake` puts enough tokens for any count asked before the change)."""
-        self.tokens.dequeue_many(count)
+    def _take_tokens(self, count: int) -> None:
+        """Takes every token there, blocking (in TensorFlow, without the GIL) until there were at least
+        `count`: batches dequeued, or the iterators changed (`_wake` puts enough tokens for any count asked
+        before the change). Only this thread takes tokens, so the queue holds at least its `size()`."""
+        count = max(count, int(self.tokens.size()))
+        if count:
+            self.tokens.dequeue_many(count)
 
     def _enqueue(self, count: int) -> None:
         samples = self._sample(count * self._request)
@@ -190,23 +209,27 @@ class SharedSamples:
         self.queue.enqueue_many([np.stack(batches), np.array(sizes, np.int32)])
 
     def _sample(self, count: int) -> list:
+        """`count` samples; none if the open count changed while the table refused samples (the round is
+        computed again, so nothing is sampled for iterators gone)."""
         while True:
             if self._stop.is_set():
                 raise errors.CancelledError(f"sampling from table '{self._table_name}' was cancelled")
             try:
-                return self._table.sample(count, timeout_ms=_POLL_MS, cancelled=self._stop)
+                return self._table.sample(count, timeout_ms=_POLL_MS, cancelled=self._changed)
+            except errors.CancelledError:
+                if self._stop.is_set() or not self._changed.is_set():
+                    raise  # (stopped, or the table closed: its server stopped)
+                return []
             except errors.DeadlineExceededError:
-                with self._cv:
-                    if self._open == 0:
-                        return []
+                pass
 
     def close(self, join_s: float = 0.0) -> None:
         """Ends the feeder (waiting up to `join_s` for its thread); iterators reading the queue see its end
         (and `error`, if any), later ones read through the per-iterator source."""
         self._stop.set()
         try:
-            self._table.wake_waiters()
-        except Exception:  # noqa: BLE001  (a stopped table has no waiters; a released one is None)
+            self._counts_changed()
+        except Exception:  # noqa: BLE001  (a stopped table has no waiters)
             pass
         try:
             # (the tokens stay open: a reader that dequeued its batch before this still puts its token)
@@ -315,7 +338,10 @@ def _close_all() -> None:
 
 
 def _after_fork() -> None:
-    """In a forked child no feeder thread runs: forget the shared sources (datasets read their own)."""
+    """In a forked child no feeder thread runs: forget the shared sources (datasets read their own), and
+    make the lock anew (a thread of the parent may have held it)."""
+    global _LOCK
+    _LOCK = threading.Lock()
     for samples in list(_SHARED.values()):
         samples._stop.set()
         samples._thread = None

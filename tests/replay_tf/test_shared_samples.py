@@ -129,6 +129,101 @@ def test_an_open_iterator_is_owed_at_most_one_batch():
         server.stop()
 
 
+def _shared_of(address: str):
+    """The `SharedSamples` built for table "t" at `address`."""
+    (shared,) = [s for s in _shared_samples._SHARED.values() if s.key[1] == address]
+    return shared
+
+
+def test_tokens_do_not_pile_up_while_readers_outpace_the_feeder():
+    # Every dequeue puts a token; a feeder that only took the tokens it waited for left about one a batch
+    # behind whenever it never had to wait, until the token queue filled and puts blocked.
+    server, address = _server(50)
+    try:
+        iterator = iter(_tf_agents_shape(address))
+        for _ in range(300):  # (4,800 samples: 800 dequeues of 6)
+            next(iterator)
+        shared = _shared_of(address)
+        assert int(shared.tokens.size()) <= 3 * 8  # (at most the tokens of the dequeues since its last round)
+        del iterator
+        assert _wait_until(lambda: _feeders(address) == 0)
+    finally:
+        server.stop()
+
+
+def test_nothing_is_sampled_for_iterators_gone_while_the_table_refused_samples():
+    # The feeder asked for 8 iterators' batches while the table was below its minimum size; all 8 closed
+    # and one opened before the table filled: that one is owed one batch, not eight.
+    server = reverb.Server([reverb.Table("t", reverb.selectors.Uniform(), reverb.selectors.Fifo(), 1000,
+                                         reverb.rate_limiters.MinSize(5))])
+    address = f"localhost:{server.port}"
+    try:
+        _dataset(address, 6)
+        shared = _shared_of(address)
+        with shared._cv:  # (the feeder starts its first round once all 8 are counted)
+            for _ in range(8):
+                assert shared.opened()
+        time.sleep(0.35)  # (the feeder polls the table for 8 batches)
+        for _ in range(8):
+            shared.closed()
+        assert shared.opened()
+        with reverb.Client(address).trajectory_writer(num_keep_alive_refs=2) as writer:
+            for i in range(8):
+                writer.append({"obs": np.full([3], i, np.float32), "step": np.int64(i)})
+                if i:
+                    writer.create_item("t", 1.0, {k: v[-2:] for k, v in writer.history.items()})
+        assert _wait_until(lambda: _taken(server) >= 6)
+        time.sleep(0.3)
+        assert _taken(server) == 6 and int(shared.queue.size()) == 1
+        shared.closed()
+        assert _wait_until(lambda: _feeders(address) == 0)
+    finally:
+        server.stop()
+
+
+def test_a_feeder_that_fails_to_start_counts_no_iterator(monkeypatch):
+    server, address = _server(10)
+    try:
+        _dataset(address)
+        shared = _shared_of(address)
+        def refuse(self):
+            raise RuntimeError("can't start new thread")
+        with monkeypatch.context() as patched:
+            patched.setattr(threading.Thread, "start", refuse)
+            with pytest.raises(RuntimeError, match="can't start new thread"):
+                shared.opened()
+        assert shared._open == 0 and shared._thread is None
+        _check_samples(next(iter(_dataset(address))), 10)  # (the next iterator starts a feeder)
+    finally:
+        server.stop()
+
+
+_FORK_WHILE_LOCKED = """
+import os, threading
+from replay_tf import _shared_samples
+held, release = threading.Event(), threading.Event()
+def hold():
+    with _shared_samples._LOCK:
+        held.set()
+        release.wait()
+threading.Thread(target=hold, daemon=True).start()
+held.wait()
+pid = os.fork()
+if pid == 0:
+    os._exit(0 if _shared_samples._LOCK.acquire(timeout=2) else 1)
+release.set()
+print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_child_forked_while_a_thread_held_the_lock_can_take_it():
+    env = dict(os.environ, PYTHONPATH=proc_testlib.ROOT, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run([sys.executable, "-c", _FORK_WHILE_LOCKED], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "0", proc.stderr[-2000:]
+
+
 def test_a_dataset_iterates_again_after_its_iterators_closed():
     server, address = _server(30)
     try:

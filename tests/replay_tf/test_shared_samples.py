@@ -46,6 +46,13 @@ def _server(num_items: int, selector=None, max_times_sampled: int = 0, signature
     return server, f"localhost:{server.port}"
 
 
+def _empty_server(min_size: int):
+    """A server whose table "t" holds nothing yet and samples once it holds `min_size` items."""
+    server = reverb.Server([reverb.Table("t", reverb.selectors.Uniform(), reverb.selectors.Fifo(), 1000,
+                                         reverb.rate_limiters.MinSize(min_size))])
+    return server, f"localhost:{server.port}"
+
+
 def _dataset(address: str, max_in_flight: int = 3, **kwargs) -> reverb.TrajectoryDataset:
     return reverb.TrajectoryDataset(address, "t", {"obs": tf.float32, "step": tf.int64},
                                     {"obs": tf.TensorShape([2, 3]), "step": tf.TensorShape([2])},
@@ -154,9 +161,7 @@ def test_tokens_do_not_pile_up_while_readers_outpace_the_feeder():
 def test_nothing_is_sampled_for_iterators_gone_while_the_table_refused_samples():
     # The feeder asked for 8 iterators' batches while the table was below its minimum size; all 8 closed
     # and one opened before the table filled: that one is owed one batch, not eight.
-    server = reverb.Server([reverb.Table("t", reverb.selectors.Uniform(), reverb.selectors.Fifo(), 1000,
-                                         reverb.rate_limiters.MinSize(5))])
-    address = f"localhost:{server.port}"
+    server, address = _empty_server(min_size=5)
     try:
         _dataset(address, 6)
         shared = _shared_of(address)
@@ -237,9 +242,7 @@ def test_a_dataset_iterates_again_after_its_iterators_closed():
 
 
 def test_an_iterator_waits_for_the_first_item():
-    server = reverb.Server([reverb.Table("t", reverb.selectors.Uniform(), reverb.selectors.Fifo(), 100,
-                                         reverb.rate_limiters.MinSize(1))])
-    address = f"localhost:{server.port}"
+    server, address = _empty_server(min_size=1)
     got = {}
     try:
         iterator = iter(_dataset(address))

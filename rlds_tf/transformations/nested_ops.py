@@ -61,8 +61,8 @@ def map_nested_steps(episodes_dataset: tf.data.Dataset, transform_step: Callable
     [[0, 10, 20]]
     """
     size = flexible_batch.get_batch_size(episodes_dataset, optimization_batch_size)
-    return episodes_dataset.map(
-        lambda e: _with_steps(e, map_steps(e[rlds_types.STEPS], transform_step, max(size, 1))))
+    return episodes_dataset.map(lambda e: _map_episode(e, transform_step, in_place=False,
+                                                       optimization_batch_size=max(size, 1)))
 
 
 def apply_nested_steps(episodes_dataset: tf.data.Dataset,

@@ -305,15 +305,23 @@ def _checkpoint(server) -> Optional[str]:
 def run_until_stopped(server, stop: threading.Event, *, stats_interval: float,
                       checkpoint_interval: Optional[float] = None) -> None:
     """Prints per-table statistics every `stats_interval` seconds and checkpoints every `checkpoint_interval`
-    seconds (None: never) until `stop` is set. A checkpoint that fails is reported and tried again one
-    interval later; serving goes on."""
+    seconds (None: never) until `stop` is set. The two schedules are independent: the loop wakes at whichever
+    is due first, so a long stats interval never delays a checkpoint. A checkpoint that fails is reported and
+    tried again one interval later; serving goes on."""
     reporter = StatsReporter(server)
+    next_stats = time.monotonic() + stats_interval
     next_checkpoint = time.monotonic() + checkpoint_interval if checkpoint_interval else None
-    while not stop.wait(stats_interval):
-        for line in reporter.report():
-            print(line, flush=True)
+    while True:
+        due = next_stats if next_checkpoint is None else min(next_stats, next_checkpoint)
+        if stop.wait(max(0.0, due - time.monotonic())):
+            return
+        if time.monotonic() >= next_stats:
+            for line in reporter.report():
+                print(line, flush=True)
+            next_stats = time.monotonic() + stats_interval
         if next_checkpoint is not None and time.monotonic() >= next_checkpoint:
             _checkpoint(server)
+            # From the end of this one: a checkpoint slower than the interval does not queue up the next.
             next_checkpoint = time.monotonic() + checkpoint_interval
 
 

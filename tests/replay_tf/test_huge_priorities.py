@@ -66,7 +66,8 @@ def test_a_table_samples_by_priority_after_a_huge_priority_update():
         [key] = [item.key for item, priority, _ in entries if priority == 1.0]
         client.mutate_priorities("p", updates={key: 1e25})
         client.mutate_priorities("p", updates={key: 1.0})
-        values = [int(np.asarray(s.data[0]).item()) for s in client.sample("p", num_samples=_DRAWS, emit_timesteps=False)]
+        samples = client.sample("p", num_samples=_DRAWS, emit_timesteps=False)
+        values = [int(np.asarray(sample.data[0]).item()) for sample in samples]
     finally:
         server.stop()
     _assert_proportional(np.bincount(values, minlength=3), [100.0, 1.0, 0.0], _DRAWS)

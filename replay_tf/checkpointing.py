@@ -6,17 +6,27 @@
     (deduplicated across items and tables, still Snappy-compressed), `PrioritizedItem` per item in
     insertion order, with priority, times_sampled and inserted_at) and returns that path.
     Everything is written to `<root>/.partial-<name>/`, flushed to disk, completed by a `DONE` file and
-    only then renamed into place, so a crash at any point leaves the previous checkpoint loadable. Older
-    checkpoints beyond `keep_latest` are deleted afterwards.
+    only then renamed into place, so a crash at any point leaves the previous checkpoint loadable. The
+    `DONE` file records the checkpoint's sequence number (one `google.protobuf.Int64Value` record): one more
+    than the largest under `root`, so it counts up whatever the wall clock does. Older checkpoints beyond
+    `keep_latest` are deleted afterwards.
     Saves are serialized (one at a time per root in a process: a client's `Checkpoint` call during a
     periodic one waits for it), and a save deletes only its own `.partial-` folder, plus those of processes
     that no longer run.
-  - `load_latest(server)` restores the newest complete checkpoint (or `fallback_checkpoint_path`) into the
-    server's tables when the server starts. Every record is checked as the insert path checks what it
-    receives (chunk contents decoded in full, priorities, item keys unique per table, trajectories within
-    their chunks, the table signature, known tables); a record that fails is a `CheckpointError` naming it.
-    A chunk whose content cannot be decoded is the one exception: the items that use it are left out and
-    reported (logged, and listed in `dropped_items`), and the rest is restored.
+  - `load_latest(server)` restores the checkpoint written last (or `fallback_checkpoint_path`) into the
+    server's tables when the server starts, and logs its path (also kept in `restored_checkpoint`).
+    "Written last" is the largest sequence number, never the folder name: a wall clock stepped back (NTP,
+    a restored VM snapshot) names a newer checkpoint earlier. Only complete folders named as `save` names
+    them count; others (an operator's copy such as `before-upgrade`, a stray folder with a `DONE` file) are
+    neither restored nor deleted. A checkpoint whose `DONE` file is empty (written without sequence
+    numbers) orders before every checkpoint that has one, and among such checkpoints by name; one whose
+    `DONE` file is not a sequence-number record is left alone (logged). The sequence number lives in
+    `DONE` rather than in `PriorityTableCheckpoint`, whose fields stay those of Reverb's message.
+    Every record is checked as the insert path checks what it receives (chunk contents decoded in full,
+    priorities, item keys unique per table, trajectories within their chunks, the table signature, known
+    tables); a record that fails is a `CheckpointError` naming it. A chunk whose content cannot be decoded
+    is the one exception: the items that use it are left out and reported (logged, and listed in
+    `dropped_items`), and the rest is restored.
 
 Restored tables keep the configuration the user passes to `Table(...)` now (sampler, remover, max_size,
 max_times_sampled, rate limiter, signature); only names must match (a checkpointed table the server lacks
@@ -45,6 +55,7 @@ import datetime
 import logging
 import math
 import os
+import re
 import shutil
 import struct
 import threading
@@ -52,6 +63,7 @@ import zlib
 from typing import Iterator, NamedTuple, Optional
 
 from google.protobuf import message
+from google.protobuf import wrappers_pb2
 
 from replay_tf.core import chunk_store as chunk_store_lib
 from replay_tf.wire import checkpoint_pb2
@@ -68,6 +80,8 @@ _ITEMS_FILE = "items.records"
 _DONE_FILE = "DONE"
 _PARTIAL_PREFIX = ".partial-"
 _HEADER = struct.Struct("<QI")  # record length, CRC32 of the record
+# The folder names `save` gives: the UTC time, plus one "_" per checkpoint already under that name.
+_CHECKPOINT_NAME = re.compile(r"\d{8}T\d{6}\.\d{6}Z_*")
 
 
 _log = logging.getLogger(__name__)
@@ -85,6 +99,16 @@ def _save_lock(root: str) -> threading.Lock:
 
 class CheckpointError(ValueError):
     """A checkpoint is missing, incomplete or corrupt."""
+
+
+class _Checkpoint(NamedTuple):
+    """A complete checkpoint folder of ours and its sequence number (None: its `DONE` file records none)."""
+    path: str
+    sequence: Optional[int]
+
+    def order(self) -> tuple:
+        """Sort key, larger for the checkpoint written later."""
+        return (self.sequence is not None, self.sequence or 0, os.path.basename(self.path))
 
 
 class DroppedItem(NamedTuple):
@@ -163,6 +187,8 @@ class DirectoryCheckpointer:
         self.fallback_checkpoint_path = fallback_checkpoint_path
         #: The items the last `load` left out (a chunk they use could not be decoded), as `DroppedItem`s.
         self.dropped_items: list = []
+        #: The checkpoint `load_latest` restored (None: none yet).
+        self.restored_checkpoint: Optional[str] = None
         os.makedirs(self.root, exist_ok=True)
 
     def __repr__(self) -> str:
@@ -180,6 +206,7 @@ class DirectoryCheckpointer:
             return self._save(server)
 
     def _save(self, server) -> str:
+        sequence = max((c.sequence or 0 for c in self._checkpoints()), default=0) + 1
         now = datetime.datetime.now(datetime.timezone.utc)
         name = now.strftime("%Y%m%dT%H%M%S.%fZ")
         final = os.path.join(self.root, name)
@@ -221,7 +248,8 @@ class DirectoryCheckpointer:
                            (chunk_codec.serialized_chunk(c) for c in chunks.values()))
             _write_records(os.path.join(partial, _ITEMS_FILE), iter(item_records))
             _write_records(os.path.join(partial, _TABLES_FILE), iter(table_records))
-            _write_records(os.path.join(partial, _DONE_FILE), iter(()))
+            _write_records(os.path.join(partial, _DONE_FILE),
+                           iter([wrappers_pb2.Int64Value(value=sequence).SerializeToString()]))
             _fsync_dir(partial)
             os.rename(partial, final)  # atomic: the checkpoint appears complete or not at all
             _fsync_dir(self.root)
@@ -231,11 +259,21 @@ class DirectoryCheckpointer:
         self._delete_old(keep=final)
         return final
 
+    def _checkpoints(self) -> list:
+        """The complete checkpoints of ours under `root`, written last first."""
+        found = []
+        for name in os.listdir(self.root):
+            path = os.path.join(self.root, name)
+            if _CHECKPOINT_NAME.fullmatch(name) and os.path.isfile(os.path.join(path, _DONE_FILE)):
+                try:
+                    found.append(_Checkpoint(path, _read_sequence(path)))
+                except CheckpointError as e:
+                    _log.warning("checkpoint %s is left alone: %s", path, e)
+        return sorted(found, key=_Checkpoint.order, reverse=True)
+
     def _complete(self) -> list:
-        """Complete checkpoint directories, newest first."""
-        names = [n for n in os.listdir(self.root)
-                 if not n.startswith(".") and os.path.isfile(os.path.join(self.root, n, _DONE_FILE))]
-        return [os.path.join(self.root, n) for n in sorted(names, reverse=True)]
+        """Complete checkpoint directories of ours, written last first."""
+        return [c.path for c in self._checkpoints()]
 
     def _delete_old(self, keep: str) -> None:
         for path in self._complete()[self.keep_latest:]:
@@ -250,7 +288,8 @@ class DirectoryCheckpointer:
                     shutil.rmtree(os.path.join(self.root, name), ignore_errors=True)
 
     def latest_checkpoint(self) -> Optional[str]:
-        """The newest complete checkpoint under `root`, else `fallback_checkpoint_path`, else None."""
+        """The complete checkpoint under `root` written last (largest sequence number), else
+        `fallback_checkpoint_path`, else None."""
         complete = self._complete()
         if complete:
             return complete[0]
@@ -259,11 +298,26 @@ class DirectoryCheckpointer:
     # --- loading ---
 
     def load_latest(self, server) -> bool:
-        """Restores the newest complete checkpoint into `server`'s (empty) tables; False if there is none."""
-        path = self.latest_checkpoint()
-        if path is None:
+        """Restores the checkpoint written last into `server`'s (empty) tables and logs which; False if there
+        is none."""
+        checkpoints = self._checkpoints()
+        ours = {os.path.basename(c.path) for c in checkpoints}
+        for name in sorted(os.listdir(self.root)):
+            if (name not in ours and not name.startswith(".")  # .partial- folders of saves in progress
+                    and os.path.isfile(os.path.join(self.root, name, _DONE_FILE))):
+                _log.info("checkpoint root %s: ignoring %s: not a checkpoint name this checkpointer writes (restore "
+                          "it with fallback_checkpoint_path or DirectoryCheckpointer.load)", self.root, name)
+        if checkpoints:
+            path = checkpoints[0].path
+            _log.info("restoring checkpoint %s (sequence %s, the last written of %d under %s)", path,
+                      checkpoints[0].sequence, len(checkpoints), self.root)
+        elif self.fallback_checkpoint_path is not None:
+            path = self.fallback_checkpoint_path
+            _log.info("restoring the fallback checkpoint %s (none under %s)", path, self.root)
+        else:
             return False
         self.load(path, server)
+        self.restored_checkpoint = path
         return True
 
     def load(self, path: str, server) -> list:
@@ -320,6 +374,17 @@ class DirectoryCheckpointer:
             table.restore(restored, _limiter_state(checkpoint, table, len(restored)))
         self.dropped_items = dropped
         return dropped
+
+
+def _read_sequence(path: str) -> Optional[int]:
+    """The sequence number a checkpoint's `DONE` file records; None for an empty one (written without)."""
+    records = list(_read_records(os.path.join(path, _DONE_FILE)))
+    if not records:
+        return None
+    if len(records) > 1:
+        raise CheckpointError(f"checkpoint {path}: {_DONE_FILE} holds {len(records)} records, expected one "
+                              f"(the sequence number)")
+    return _parse(wrappers_pb2.Int64Value, records[0], path, _DONE_FILE, 0).value
 
 
 def _parse(message_class, record: bytes, path: str, file_name: str, index: int):

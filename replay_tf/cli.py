@@ -19,12 +19,12 @@ The config is JSON or YAML (YAML needs PyYAML)::
 
 Then ``replay-tf serve --config tables.yaml --port 8000`` serves the tables (Reverb's gRPC protocol: dm-reverb
 clients and `replay_tf.Client` connect to ``host:port``) and prints per-table statistics every
-``--stats-interval`` seconds. With ``--checkpoint-dir`` the newest checkpoint there is restored at start and a
-checkpoint is written on exit (and every ``--checkpoint-interval`` seconds; one that fails, e.g. on a full disk,
-is reported and retried at the next interval while the server keeps serving and the previous checkpoint
-stays). Ctrl-C, SIGTERM or SIGHUP stops cleanly: the tables first refuse inserts (writers get UNAVAILABLE and
-keep their unconfirmed items to send again), then the exit checkpoint is written, so it holds every item
-whose insert was confirmed.
+``--stats-interval`` seconds. With ``--checkpoint-dir`` the checkpoint written last there is restored at start
+(its path is printed) and a checkpoint is written on exit (and every ``--checkpoint-interval`` seconds,
+independently of the stats interval; one that fails, e.g. on a full disk, is reported and retried at the next
+interval while the server keeps serving and the previous checkpoint stays). Ctrl-C, SIGTERM or SIGHUP stops
+cleanly: the tables first refuse inserts (writers get UNAVAILABLE and keep their unconfirmed items to send
+again), then the exit checkpoint is written, so it holds every item whose insert was confirmed.
 ``--tls-cert cert.pem --tls-key key.pem`` serves over TLS and ``--auth-token-file token.txt`` requires the token
 in that file from every client (`replay_tf.set_connection_options` or REPLAY_TF_AUTH_TOKEN on the client side).
 """
@@ -265,7 +265,8 @@ def serve(args: argparse.Namespace) -> int:
         protection = [name for name, on in (("TLS", server_credentials), ("auth token", auth_token)) if on]
         print(f"replay-tf: serving tables {sorted(server.tables)} on {host}:{server.port}"
               + (f" with {' and '.join(protection)}" if protection else "")
-              + (f" (restored from {checkpoint_dir}: {restored})" if restored else ""), flush=True)
+              + (f" (restored from {getattr(checkpointer, 'restored_checkpoint', None) or checkpoint_dir}: "
+                 f"{restored})" if restored else ""), flush=True)
         dropped = getattr(checkpointer, "dropped_items", None)
         if dropped:
             print(f"replay-tf: the restore left out {len(dropped)} items whose chunks cannot be decoded: "
@@ -305,15 +306,23 @@ def _checkpoint(server) -> Optional[str]:
 def run_until_stopped(server, stop: threading.Event, *, stats_interval: float,
                       checkpoint_interval: Optional[float] = None) -> None:
     """Prints per-table statistics every `stats_interval` seconds and checkpoints every `checkpoint_interval`
-    seconds (None: never) until `stop` is set. A checkpoint that fails is reported and tried again one
-    interval later; serving goes on."""
+    seconds (None: never) until `stop` is set. The two schedules are independent: the loop wakes at whichever
+    is due first, so a long stats interval never delays a checkpoint. A checkpoint that fails is reported and
+    tried again one interval later; serving goes on."""
     reporter = StatsReporter(server)
+    next_stats = time.monotonic() + stats_interval
     next_checkpoint = time.monotonic() + checkpoint_interval if checkpoint_interval else None
-    while not stop.wait(stats_interval):
-        for line in reporter.report():
-            print(line, flush=True)
+    while True:
+        due = next_stats if next_checkpoint is None else min(next_stats, next_checkpoint)
+        if stop.wait(max(0.0, due - time.monotonic())):
+            return
+        if time.monotonic() >= next_stats:
+            for line in reporter.report():
+                print(line, flush=True)
+            next_stats = time.monotonic() + stats_interval
         if next_checkpoint is not None and time.monotonic() >= next_checkpoint:
             _checkpoint(server)
+            # From the end of this one: a checkpoint slower than the interval does not queue up the next.
             next_checkpoint = time.monotonic() + checkpoint_interval
 
 

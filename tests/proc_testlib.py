@@ -2,6 +2,9 @@
 import json
 import os
 import queue
+import re
+import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -96,3 +99,57 @@ def remote_client(address: str):
     client._transport = client_transport.Transport(address)
     client._signature_cache = {}
     return client
+
+
+def free_port() -> int:
+    """A port free on localhost now (for a server process given `--port`)."""
+    with socket.socket() as sock:
+        sock.bind(("localhost", 0))
+        return sock.getsockname()[1]
+
+
+class ServeProcess:
+    """`python -m replay_tf.cli serve ...` with its stdout read line by line on a thread."""
+
+    def __init__(self, *args):
+        env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                   TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
+        self.proc = subprocess.Popen([sys.executable, "-m", "replay_tf.cli", "serve", *args], cwd=ROOT, env=env,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.lines = queue.Queue()
+        self.seen = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.put(line.rstrip("\n"))
+
+    def wait_for(self, pattern, timeout_s=90):
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            self.seen.append(line)
+            match = re.search(pattern, line)
+            if match:
+                return match
+        raise AssertionError(f"no line matching {pattern!r} within {timeout_s}s; output so far:\n"
+                             + "\n".join(self.seen))
+
+    def stop(self, sig=signal.SIGINT, timeout_s=60):
+        self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self.reader.join(10)
+        self.proc.stdout.close()

@@ -172,7 +172,7 @@ def max_weight(max_items: int) -> float:
     """The largest weight `priority ** exponent` a prioritized distribution of `max_items` items accepts.
 
     A sum of `max_items` weights up to this bound stays below float64's max with a factor 2 to spare for
-    rounding (the tree adds deltas along a path), so the total, and every node below it, is finite.
+    rounding (each node is the rounded sum of its children), so the total, and every node below it, is finite.
     """
     return sys.float_info.max / (2 * max(int(max_items), 1))
 
@@ -255,32 +255,36 @@ class PrioritizedDistribution:
         self._items: list = []
         self._pos: dict = {}
         self._rng = np.random.default_rng()
-        self._updates_since_rebuild = 0
 
     def _weight(self, priority: float) -> float:
         # Reverb: a priority of 0 has weight 0 even when the exponent is 0 (0 ** 0 would be 1).
         return 0.0 if priority == 0 else math.pow(priority, self._exponent)
 
     def _set(self, slot: int, weight: float) -> None:
+        """Sets a leaf and recomputes each ancestor as the sum of its two children.
+
+        Adding the change (`weight - old`) up the path instead would lose the other weights whenever the
+        old weight dwarfs them: `(s + 1e25) - 1e25 == 0`, so one huge priority set back to a normal one
+        would leave a total of about 0 and sampling would turn uniform. Recomputed sums hold the live
+        weights, each rounded once per level, whatever was stored before.
+        """
         tree = self._tree
         i = slot + self._capacity
-        delta = weight - tree[i]
-        while i >= 1:  # add the change to the leaf and every ancestor up to the root
-            tree[i] += delta
+        tree[i] = weight
+        total = weight
+        while i > 1:
+            total = total + tree[i ^ 1]  # i ^ 1 is i's sibling; their sum is their parent i >> 1
             i >>= 1
-        self._updates_since_rebuild += 1
-        if self._updates_since_rebuild >= 100_000:
-            self._rebuild()
+            tree[i] = total
 
     def _rebuild(self) -> None:
-        """Recomputes every inner node from the leaves, removing accumulated rounding drift."""
+        """Recomputes every inner node from the leaves."""
         tree, cap = self._tree, self._capacity
         level_start = cap
         while level_start > 1:  # each level's sums are the pairwise sums of the level below
             half = level_start // 2
             tree[half:level_start] = tree[level_start:2 * level_start:2] + tree[level_start + 1:2 * level_start:2]
             level_start = half
-        self._updates_since_rebuild = 0
 
     def _grow(self) -> None:
         leaves = self._tree[self._capacity:self._capacity + len(self._items)].copy()
@@ -314,7 +318,6 @@ class PrioritizedDistribution:
         self._items.clear()
         self._pos.clear()
         self._tree[:] = 0.0
-        self._updates_since_rebuild = 0
 
     def sample(self):
         items, probs = self.sample_many(1)

@@ -1,23 +1,16 @@
 """`replay-tf serve`: table configs -> tables, and a real server process (gRPC, stats, Ctrl-C, checkpoints)."""
 import json
-import os
-import queue
 import re
 import signal
-import socket
 import subprocess
-import sys
-import threading
-import time
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
+import proc_testlib
 import replay_tf as reverb
 from replay_tf import cli
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _info(table):
@@ -101,59 +94,6 @@ def test_bad_config_exits_2_with_the_reason(tmp_path, capsys):
     assert "tables[0]" in capsys.readouterr().err
 
 
-def _free_port():
-    with socket.socket() as sock:
-        sock.bind(("localhost", 0))
-        return sock.getsockname()[1]
-
-
-class _ServeProcess:
-    """`python -m replay_tf.cli serve ...` with its stdout read line by line on a thread."""
-
-    def __init__(self, *args):
-        env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
-                   TF_CPP_MIN_LOG_LEVEL="3")
-        self.proc = subprocess.Popen([sys.executable, "-m", "replay_tf.cli", "serve", *args], cwd=REPO, env=env,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        self.lines = queue.Queue()
-        self.seen = []
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-
-    def _read(self):
-        for line in self.proc.stdout:
-            self.lines.put(line.rstrip("\n"))
-
-    def wait_for(self, pattern, timeout_s=90):
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                break
-            self.seen.append(line)
-            match = re.search(pattern, line)
-            if match:
-                return match
-        raise AssertionError(f"no line matching {pattern!r} within {timeout_s}s; output so far:\n"
-                             + "\n".join(self.seen))
-
-    def stop(self, sig=signal.SIGINT, timeout_s=60):
-        self.proc.send_signal(sig)
-        try:
-            return self.proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            raise
-
-    def kill(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
-        self.reader.join(10)
-        self.proc.stdout.close()
-
-
 @pytest.mark.slow  # a server process
 def test_serve_process_stats_ctrl_c_and_checkpoint_restore(tmp_path):
     config = tmp_path / "tables.json"
@@ -161,11 +101,11 @@ def test_serve_process_stats_ctrl_c_and_checkpoint_restore(tmp_path):
         {"name": "replay", "sampler": "uniform", "remover": "fifo", "max_size": 100, "rate_limiter": {"min_size": 1},
          "signature": {"x": {"shape": [1, 2], "dtype": "float32"}}},
         {"name": "q", "queue": 10}]}))
-    port = _free_port()
+    port = proc_testlib.free_port()
     checkpoints = tmp_path / "checkpoints"
     args = ["--config", str(config), "--port", str(port), "--checkpoint-dir", str(checkpoints),
             "--stats-interval", "0.5"]
-    server = _ServeProcess(*args)
+    server = proc_testlib.ServeProcess(*args)
     try:
         server.wait_for(rf"serving tables \['q', 'replay'\] on localhost:{port}")
         client = reverb.Client(f"localhost:{port}")  # no server of this process there: the gRPC transport
@@ -184,7 +124,7 @@ def test_serve_process_stats_ctrl_c_and_checkpoint_restore(tmp_path):
         server.kill()
     assert any(checkpoints.iterdir())
 
-    restarted = _ServeProcess(*args)
+    restarted = proc_testlib.ServeProcess(*args)
     try:
         restarted.wait_for(r"restored from .*'replay': 3")
         assert reverb.Client(f"localhost:{port}").server_info(timeout=30)["replay"].current_size == 3
@@ -206,8 +146,8 @@ def test_serve_with_tls_and_a_token_file(tmp_path, monkeypatch):
     (tmp_path / "token.txt").write_text("tok-from-file\n")
     config = tmp_path / "tables.json"
     config.write_text(json.dumps({"tables": [{"name": "q", "queue": 10}]}))
-    port = _free_port()
-    server = _ServeProcess("--config", str(config), "--port", str(port), "--tls-cert", str(tmp_path / "cert.pem"),
+    port = proc_testlib.free_port()
+    server = proc_testlib.ServeProcess("--config", str(config), "--port", str(port), "--tls-cert", str(tmp_path / "cert.pem"),
                            "--tls-key", str(tmp_path / "key.pem"), "--auth-token-file", str(tmp_path / "token.txt"))
     try:
         server.wait_for(rf"serving tables \['q'\] on localhost:{port} with TLS and auth token")

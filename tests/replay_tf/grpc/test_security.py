@@ -210,8 +210,11 @@ def _write_checkpoint(directory, payload: bytes, framed: bool, *, valid_tables: 
 
     directory.mkdir(parents=True)
     content = _record(payload) if framed else payload
-    for name in ("tables.records", "chunks.records", "items.records", "DONE", "checkpoint.pkl"):
+    for name in ("tables.records", "chunks.records", "items.records", "checkpoint.pkl"):
         (directory / name).write_bytes(content)
+    # An empty DONE file (a checkpoint without a sequence number), so the loader goes on to the record files;
+    # a DONE file that does not hold one sequence-number record marks a folder the loader never reads.
+    (directory / "DONE").write_bytes(b"")
     if valid_tables:  # the tables file is sound, so the loader goes on to read the chunks and items files
         table = checkpoint_pb2.PriorityTableCheckpoint(table_name="t").SerializeToString()
         (directory / "tables.records").write_bytes(_record(table))
@@ -229,7 +232,7 @@ def test_a_crafted_checkpoint_cannot_execute_code(tmp_path, protocol, framed, va
     assert marker.exists()
     marker.unlink()
     root = tmp_path / "checkpoints"
-    _write_checkpoint(root / "2099-01-01T00:00:00.000000", payload, framed, valid_tables=valid_tables)
+    _write_checkpoint(root / "20990101T000000.000000Z", payload, framed, valid_tables=valid_tables)
     checkpointer = reverb.checkpointers.DefaultCheckpointer(str(root))
     try:
         server = reverb.Server([reverb.Table.queue("t", 10)], checkpointer=checkpointer)

@@ -2,31 +2,69 @@
 
 TFDS decodes `steps` (a `tfds.features.Dataset`) with `from_tensor_slices(...).map(decode_step)`: one nested
 dataset and one decode call per step. The serialized steps are already stacked per field, so each field can be
-decoded for all steps at once: plain tensors by a reshape/cast, ZLIB/BYTES tensors by one `decode_compressed` +
-`decode_raw` over the whole `[T]` string vector. Other features (images, text, ...) use the feature's own
-`decode_batch_example`, i.e. exactly what TFDS does for a `tfds.features.Sequence`.
+decoded for all steps at once: plain tensors by a reshape/cast, BYTES tensors by one `decode_raw` over the whole
+`[T]` string vector, ZLIB tensors by one bounded inflate per episode (see `_inflate_steps`). Other features
+(images, text, ...) use the feature's own `decode_batch_example`, i.e. exactly what TFDS does for a
+`tfds.features.Sequence`.
 """
 from __future__ import annotations
 
+import zlib
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
 _Encoding = tfds.features.Encoding
 
 
-def _decode_field(feature: Any, serialized: Any) -> Any:
+def _inflate_steps(blobs: np.ndarray, dtype: np.dtype, shape: tuple, field: str) -> np.ndarray:
+    """Inflates each step's ZLIB blob into a `[T, *shape]` array, never past the declared size.
+
+    `tf.io.decode_compressed` inflates a blob whole before its size can be checked, so a few MiB of hostile
+    data (a zlib bomb) would take GiB of memory. Here each blob may produce at most the bytes of one step of
+    the declared shape and dtype, plus one byte to tell "too big" from "exact".
+    """
+    step_bytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    out = np.empty((len(blobs),) + shape, dtype=dtype)
+    flat = out.reshape(len(blobs), -1).view(np.uint8) if out.size else None
+    for i, blob in enumerate(blobs):
+        inflater = zlib.decompressobj()
+        try:
+            data = inflater.decompress(blob, step_bytes + 1)
+        except zlib.error as e:
+            raise ValueError(f"steps/{field}: step {i} is not a valid ZLIB stream ({e})") from e
+        if len(data) > step_bytes:
+            raise ValueError(f"steps/{field}: step {i} inflates to more than the {step_bytes} bytes its declared "
+                             f"shape {list(shape)} and dtype {dtype.name} hold; the record is corrupt or hostile "
+                             f"(inflating stopped there)")
+        if not inflater.eof or inflater.unused_data or len(data) < step_bytes:
+            raise ValueError(f"steps/{field}: step {i} inflates to {len(data)} bytes"
+                             f"{'' if inflater.eof else ' (the ZLIB stream is cut short)'}"
+                             f"{' followed by extra data' if inflater.unused_data else ''}; its declared shape "
+                             f"{list(shape)} and dtype {dtype.name} hold {step_bytes} bytes")
+        if flat is not None:
+            flat[i] = np.frombuffer(data, dtype=np.uint8)
+    return out
+
+
+def _decode_field(feature: Any, serialized: Any, field: str) -> Any:
     if isinstance(feature, tfds.features.FeaturesDict):
-        return {name: _decode_field(sub, serialized[name]) for name, sub in feature.items()}
+        return {name: _decode_field(sub, serialized[name], f"{field}/{name}" if field else name)
+                for name, sub in feature.items()}
     if type(feature) in (tfds.features.Tensor, tfds.features.Scalar):
         shape = tuple(feature.shape)
         encoding = feature._encoding  # pylint: disable=protected-access
         if encoding != _Encoding.NONE and all(d is not None and d >= 0 for d in shape):
-            blobs = serialized
             if encoding == _Encoding.ZLIB:
-                blobs = tf.io.decode_compressed(blobs, compression_type="ZLIB")
-            values = tf.io.decode_raw(blobs, feature.tf_dtype, fixed_length=None)
+                # Stored little endian (what `decode_raw` reads by default and TFDS writes).
+                dtype = np.dtype(feature.np_dtype).newbyteorder("<")
+                values = tf.numpy_function(lambda blobs: _inflate_steps(blobs, dtype, shape, field),
+                                           [serialized], feature.tf_dtype, stateful=False)
+                values.set_shape((None,) + shape)
+                return values
+            values = tf.io.decode_raw(serialized, feature.tf_dtype, fixed_length=None)
             return tf.reshape(values, (-1,) + shape)
     return feature.decode_batch_example(serialized)
 
@@ -41,4 +79,4 @@ class StackedSteps(tfds.decode.Decoder):
                                      self.feature.feature.get_tensor_info())
 
     def decode_example(self, serialized_example):
-        return _decode_field(self.feature.feature, serialized_example)
+        return _decode_field(self.feature.feature, serialized_example, "")

@@ -275,8 +275,15 @@ def recover_command(args: argparse.Namespace) -> int:
         return 1
     try:
         changed = crash_recovery.recover(directory)
+        remaining = crash_recovery.plan(directory)
     except (FileNotFoundError, ValueError, RuntimeError) as e:
         print(f"rlds-tf recover: {e}", file=sys.stderr)
+        return 1
+    left_alone = remaining.left_alone if remaining is not None else []
+    if left_alone:  # recover() logged why for each, and how to fix it
+        names = ", ".join(os.path.basename(path) for path, _ in left_alone)
+        print(f"rlds-tf recover: {'partly recovered' if changed else 'could not recover'} {directory}: left "
+              f"{len(left_alone)} shard(s) alone ({names}; the warnings above say why)", file=sys.stderr)
         return 1
     print(f"recovered {directory}" if changed else f"{directory} needs no recovery")
     return 0

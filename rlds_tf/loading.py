@@ -102,6 +102,7 @@ def _check_dir(directory: str, recover: bool) -> str:
         children = sorted(os.listdir(directory))[:10]
         raise ValueError(f"{directory!r} is not a TFDS dataset directory: missing {missing} (it holds {children}); "
                          f"point at the directory that contains dataset_info.json, e.g. <name>/<version>")
+    _tfrecord_files.check_only_regular_files(directory)
     # Only directories an rlds_tf recorder was interrupted in (it removes its lock file on a clean close) are checked:
     # for them the metadata lists every complete episode, and the lock tells a live writer from a dead one.
     written_by_us = os.path.exists(os.path.join(directory, _tfrecord_files.LOCK_FILE))
@@ -111,18 +112,18 @@ def _check_dir(directory: str, recover: bool) -> str:
         crash_recovery.recover(directory)
         return directory
     plan = crash_recovery.plan(directory)
-    if plan is None or not plan.changed:
+    if plan is None or not (plan.changed or plan.unreadable):
         return directory
     if plan.unreadable:
+        left_alone = f" ({'; '.join(message for _, message in plan.left_alone)})" if plan.left_alone else ""
         raise ValueError(f"{directory!r} was left by a recorder that was killed mid-write: shard(s) "
                          f"{[os.path.basename(p) for p in plan.unreadable]} hold a record cut short or records its "
                          f"dataset_info.json does not list, which TFDS cannot read. Repair it first (keeps every "
                          f"complete episode): rlds_tf.recording.recover({directory!r}), `rlds-tf recover "
-                         f"{directory}`, or load(..., recover=True)")
+                         f"{directory}`, or load(..., recover=True){left_alone}")
     logging.warning("rlds_tf: %s was left by a recorder that was killed; loading the episodes its metadata "
                     "lists. rlds_tf.recording.recover(%r) (or `rlds-tf recover DIR`) repairs it and lists any "
                     "other complete episode", directory, directory)
-    return directory
     return directory
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import tempfile
 from typing import Any, Mapping, Sequence
 
@@ -23,6 +24,8 @@ from rlds_tf.recording import crash_recovery
 from rlds_tf.recording._episode_encoder import EpisodeEncoder
 
 DatasetConfig = tfds.rlds.rlds_base.DatasetConfig
+# The shard names TFDS's SequentialWriter gives (its `_initialize_split`).
+_SHARD_TEMPLATE = "{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_INDEX}"
 
 
 class _DurableSequentialWriter(tfds.core.SequentialWriter):
@@ -123,6 +126,7 @@ class DatasetWriter:
             appending = not overwrite and os.path.exists(os.path.join(data_directory, files.DATASET_INFO))
             if appending:
                 crash_recovery.recover_locked(data_directory)
+                _check_next_shards_are_free(data_directory, ds_config.name, split_names, file_format)
             else:
                 _remove_old_shards(data_directory, ds_config.name, split_names, file_format)
             identity = tfds.core.dataset_info.DatasetIdentity(
@@ -209,6 +213,31 @@ class DatasetWriter:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _check_next_shards_are_free(data_directory: str, name: str, split_names: Sequence[str],
+                                file_format: str) -> None:
+    """ValueError when appending would write a split's next shard through a symlink or a hard link.
+
+    TFDS opens the next shard with truncation. The file found there is normally a shard a killed recorder
+    left (array_record lists a shard only once closed), which is its to overwrite; a symlink or a file with
+    more than one link (crash recovery leaves them alone) may be another file's data.
+    """
+    suffix = file_adapters.FileFormat(file_format).file_suffix
+    splits = {str(s.get("name")): s for s in files.read_info_json(data_directory).get("splits", [])
+              if isinstance(s, dict)}
+    for split in split_names:
+        next_index = len(splits.get(split, {}).get("shardLengths", []))
+        path = files.shard_path(data_directory, name, split, suffix, _SHARD_TEMPLATE, next_index)
+        try:
+            found = os.lstat(path)
+        except FileNotFoundError:
+            continue
+        if not stat.S_ISREG(found.st_mode) or found.st_nlink != 1:
+            raise ValueError(f"cannot append to {data_directory!r}: the next shard of split {split!r}, {path!r}, "
+                             f"is a {files.file_kind(found.st_mode)} with {found.st_nlink} link(s), and TFDS would "
+                             f"truncate it to write the shard, whatever else it is; move it out of the directory "
+                             f"first")
 
 
 def _remove_old_shards(data_directory: str, name: str, split_names: Sequence[str], file_format: str) -> None:

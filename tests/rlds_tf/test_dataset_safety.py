@@ -12,27 +12,18 @@ import numpy as np
 import pytest
 
 import rlds_tf as rlds
+import rlds_dataset_testlib
 from rlds_tf import cli
-from rlds_tf.recording import Catch
 from rlds_tf.recording import _tfrecord_files
 from rlds_tf.recording import crash_recovery
 
-SHARD = "rlds_dataset-train.tfrecord-{:05d}"
+SHARD = rlds_dataset_testlib.SHARD
 
 
 @pytest.fixture(scope="module")
 def clean(tmp_path_factory):
     """A recorded Catch dataset: 3 episodes in shards [2, 1], with the lock file a killed recorder leaves."""
-    directory = str(tmp_path_factory.mktemp("clean") / "ds")
-    with rlds.EnvLogger(Catch(rows=4, seed=5), data_directory=directory, max_episodes_per_file=2) as env:
-        for e in range(3):
-            timestep = env.reset()
-            while not timestep.last():
-                timestep = env.step(e % 3)
-    lock = os.path.join(directory, _tfrecord_files.LOCK_FILE)
-    assert not os.path.exists(lock)  # a clean close removes it
-    open(lock, "w").close()
-    return directory
+    return rlds_dataset_testlib.record_catch(str(tmp_path_factory.mktemp("clean") / "ds"))
 
 
 def _copy(clean, tmp_path, name="ds"):
@@ -225,20 +216,14 @@ def test_features_the_records_lack_are_named(clean, tmp_path, path, field, loade
 
 
 def test_appending_writer_refuses_a_hostile_template_and_releases_the_lock(clean, tmp_path):
-    import tensorflow as tf
-    import tensorflow_datasets as tfds
-    from rlds_tf.recording import TFDSBackendWriter
     directory = _copy(clean, tmp_path)
     victim = tmp_path / "victim-00001"   # looks like a shard with a cut record: recovery would truncate it
     with open(os.path.join(clean, SHARD.format(1)), "rb") as f:
         victim.write_bytes(f.read() + b"\x99" * 40)
     _edit_info(directory, filepathTemplate="../victim-{SHARD_INDEX}")
     before = _snapshot(str(tmp_path))
-    config = tfds.rlds.rlds_base.DatasetConfig(name="rlds_dataset", observation_info=tf.float32,
-                                               action_info=tf.int64, reward_info=tf.float64,
-                                               discount_info=tf.float64)
     with pytest.raises(ValueError, match="not a file directly inside the dataset directory"):
-        TFDSBackendWriter(directory, config, overwrite=False)
+        rlds_dataset_testlib.appending_writer(directory)
     assert _snapshot(str(tmp_path)) == before
     assert not _tfrecord_files.writer_is_active(directory)
 

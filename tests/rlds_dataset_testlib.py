@@ -1,0 +1,39 @@
+"""A small recorded RLDS dataset, shaped like what a killed recorder leaves, for the dataset safety tests."""
+import os
+
+import rlds_tf as rlds
+from rlds_tf.recording import Catch
+from rlds_tf.recording import _tfrecord_files
+
+# The shard file names of the recorded dataset's train split.
+SHARD = "rlds_dataset-train.tfrecord-{:05d}"
+
+
+def record_catch(directory: str, *, leave_lock: bool = True) -> str:
+    """Records 3 Catch episodes (observation float32[4, 5], ZLIB) in shards of [2, 1] episodes into `directory`.
+
+    With `leave_lock`, adds the lock file a killed recorder leaves, so loaders treat the directory as an
+    interrupted rlds_tf recording (the one kind they check for crash leftovers).
+    """
+    with rlds.EnvLogger(Catch(rows=4, seed=5), data_directory=directory, max_episodes_per_file=2) as env:
+        for e in range(3):
+            timestep = env.reset()
+            while not timestep.last():
+                timestep = env.step(e % 3)
+    lock = os.path.join(directory, _tfrecord_files.LOCK_FILE)
+    assert not os.path.exists(lock)  # a clean close removes it
+    if leave_lock:
+        open(lock, "w").close()
+    return directory
+
+
+def appending_writer(directory: str):
+    """A recorder that appends to the dataset `record_catch` wrote (its features, overwrite=False)."""
+    import tensorflow as tf
+    import tensorflow_datasets as tfds
+    from rlds_tf.recording import TFDSBackendWriter
+
+    config = tfds.rlds.rlds_base.DatasetConfig(name="rlds_dataset", observation_info=tf.float32,
+                                               action_info=tf.int64, reward_info=tf.float64,
+                                               discount_info=tf.float64)
+    return TFDSBackendWriter(directory, config, overwrite=False)

@@ -15,7 +15,9 @@ from typing import Any, Dict, Optional
 
 from replay_tf import errors
 from replay_tf import _local_servers
+from replay_tf.core import item_records
 from replay_tf.core.chunk_store import Item
+from replay_tf.wire import limits
 
 
 class InsertStream:
@@ -48,8 +50,11 @@ class InsertStream:
 
     def send(self, table: str, item: Item, live: Optional[tuple] = None) -> None:
         # (`live` only matters to remote streams: see `_transport.InsertStream.send`.) As in Reverb, the table
-        # does not check items against its signature: writers do (validate_items).
+        # does not check items against its signature: writers do (validate_items). The rest of the rules of
+        # every path into a table apply here too, so that a checkpoint's restore accepts what was inserted.
         target = self._server.table(table)
+        item_records.check_item(target, item, max_item_bytes=limits.MAX_ITEM_BYTES,
+                                string_element_bytes=limits.STRING_ELEMENT_BYTES)
         if not self._pending:  # only this thread adds items, so the worker is idle: insert here
             self._raise_if_failed()
             try:

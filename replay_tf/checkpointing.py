@@ -65,9 +65,10 @@ from typing import Iterator, NamedTuple, Optional
 from google.protobuf import message
 from google.protobuf import wrappers_pb2
 
-from replay_tf.core import chunk_store as chunk_store_lib
+from replay_tf.core import item_records
 from replay_tf.wire import checkpoint_pb2
 from replay_tf.wire import chunk_codec
+from replay_tf.wire import limits
 from replay_tf.wire import protos
 from replay_tf.wire import schema_pb2
 from replay_tf.wire import tensor_codec
@@ -365,8 +366,8 @@ class DirectoryCheckpointer:
             items[proto.table][proto.key] = item
         store = getattr(server, "chunk_store", None)
         if store is not None:
-            for chunk, _ in chunks.values():
-                store.insert(chunk)
+            for layout in chunks.values():
+                store.insert(layout.chunk)
         for name, checkpoint in checkpoints.items():
             table = tables[name]
             restored = sorted(items[name].values(), key=lambda it: it.inserted_at)
@@ -396,7 +397,7 @@ def _parse(message_class, record: bytes, path: str, file_name: str, index: int):
 
 
 def _load_chunks(path: str) -> tuple:
-    """`({key: (chunk, headers)}, {key: why it cannot be decoded})` of a checkpoint's chunk records."""
+    """`({key: its item_records.ChunkLayout}, {key: why it cannot be decoded})` of a checkpoint's chunk records."""
     chunks, bad = {}, {}
     for index, record in enumerate(_read_records(os.path.join(path, _CHUNKS_FILE))):
         proto = _parse(schema_pb2.ChunkData, record, path, _CHUNKS_FILE, index)
@@ -404,7 +405,9 @@ def _load_chunks(path: str) -> tuple:
         if key in chunks or key in bad:
             raise CheckpointError(f"checkpoint {path}: {_CHUNKS_FILE} record {index} repeats chunk key {key}")
         try:
-            chunks[key] = chunk_codec.chunk_from_proto(proto, record, check_content=True)
+            chunk, headers = chunk_codec.chunk_from_proto(proto, record, check_content=True)
+            chunks[key] = item_records.ChunkLayout(chunk, headers, limits.STRING_ELEMENT_BYTES,
+                                                   chunk_codec.string_lengths)
         except tensor_codec.ChunkDecodeError as e:
             bad[key] = f"chunk {key} ({_CHUNKS_FILE} record {index}) cannot be decoded: {e}"
             _log.error("checkpoint %s: %s", path, bad[key])
@@ -412,61 +415,24 @@ def _load_chunks(path: str) -> tuple:
 
 
 def _restored_item(proto, table, chunks: dict, bad_chunks: dict, where: str):
-    """The core item of a checkpoint record, checked as the insert stream checks items (chunk headers, not
-    their data); a `DroppedItem` when it uses a chunk that cannot be decoded; CheckpointError otherwise."""
-    trajectory = protos.trajectory_from_proto(proto.flat_trajectory)
-    keys = {s.chunk_key for column in trajectory for s in column.slices}
+    """The core item of a checkpoint record, checked by the rules of the insert stream (`core.item_records`:
+    chunk headers, not their data); a `DroppedItem` when it uses a chunk that cannot be decoded;
+    CheckpointError otherwise."""
+    columns = [(column.squeeze, column.chunk_slices) for column in proto.flat_trajectory.columns]
+    keys = {s.chunk_key for _, slices in columns for s in slices}
     poisoned = sorted(keys & bad_chunks.keys())
     if poisoned:
         return DroppedItem(proto.table, proto.key, bad_chunks[poisoned[0]])
     missing = sorted(keys - chunks.keys())
     if missing:
-        raise CheckpointError(f"{where} refers to missing chunks {missing}")
+        raise CheckpointError(f"{where} refers to missing chunks {limits.listed_keys(missing)}")
     try:
-        table.check_priority(proto.key, proto.priority)
-        if proto.times_sampled < 0:
-            raise ValueError(f"times_sampled ({proto.times_sampled}) must be >= 0")
-        table.check_column_layout(proto.key, _column_layout(proto.key, trajectory, chunks))
+        item = item_records.item_from_record(table, proto.key, proto.priority, proto.times_sampled, columns,
+                                             chunks.get, max_item_bytes=limits.MAX_ITEM_BYTES)
     except ValueError as e:
         raise CheckpointError(f"{where}: {e}") from None
-    resolved = tuple((column.squeeze, *(v for s in column.slices
-                                        for v in (chunks[s.chunk_key][0], s.index, s.offset, s.offset + s.length)))
-                     for column in trajectory)
-    item = chunk_store_lib.Item.from_resolved(
-        proto.key, proto.priority, resolved, frozenset(chunks[k][0].episode_id for k in keys))
-    item.times_sampled = proto.times_sampled
     item.inserted_at = proto.inserted_at.seconds * 1_000_000_000 + proto.inserted_at.nanos
     return item
-
-
-def _column_layout(key: int, trajectory: tuple, chunks: dict) -> list:
-    """`(numpy dtype, shape)` of each column of a trajectory, from its chunks' headers; ValueError for a slice
-    outside its chunk or columns joining different dtypes or step shapes."""
-    layout = []
-    if not trajectory:
-        raise ValueError(f"item {key}: the trajectory must not be empty")
-    for i, column in enumerate(trajectory):
-        if not column.slices:
-            raise ValueError(f"item {key}: column {i} has no chunk slices")
-        if column.squeeze and (len(column.slices) != 1 or column.slices[0].length != 1):
-            raise ValueError(f"item {key}: column {i} is squeezed, so it must be exactly one slice of length 1")
-        step = None
-        rows = 0
-        for s in column.slices:
-            chunk, headers = chunks[s.chunk_key]
-            if s.offset < 0 or s.length < 1 or s.offset + s.length > chunk.num_rows:
-                raise ValueError(f"item {key}: slice {tuple(s)} of column {i} is out of chunk {s.chunk_key}'s "
-                                 f"rows [0, {chunk.num_rows})")
-            if not 0 <= s.index < len(headers):
-                raise ValueError(f"item {key}: column {i} refers to tensor {s.index} of chunk {s.chunk_key}, "
-                                 f"which has {len(headers)} tensors")
-            dtype, shape = headers[s.index]
-            if step is not None and step != (dtype, shape[1:]):
-                raise ValueError(f"item {key}: column {i} joins slices of different dtypes or shapes")
-            step = (dtype, shape[1:])
-            rows += s.length
-        layout.append((step[0], step[1] if column.squeeze else (rows, *step[1])))
-    return layout
 
 
 def _limiter_state(checkpoint, table, num_items: int) -> dict:

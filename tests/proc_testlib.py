@@ -82,6 +82,22 @@ class Proc:
         self._log.close()
 
 
+def start_serve(*args) -> tuple:
+    """`replay-tf serve ARGS` in a process of its own (stdout and stderr in its text `stdout`); returns
+    `(process, port)` once it serves."""
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.Popen([sys.executable, "-m", "replay_tf.cli", "serve", *args], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if line.startswith("replay-tf: serving tables"):
+            return proc, int(line.split(" on ")[1].split()[0].rsplit(":", 1)[1])
+    proc.wait(10)
+    raise AssertionError(f"replay-tf serve exited ({proc.returncode}) before serving:\n{''.join(seen)}")
+
+
 def rss_kb(pid: int) -> int:
     with open(f"/proc/{pid}/status") as f:
         for line in f:

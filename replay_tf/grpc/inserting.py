@@ -11,10 +11,12 @@ Each chunk's content is decoded once on arrival and dropped (a truncated or corr
 with INVALID_ARGUMENT before any item can use it); items are checked against the chunks' headers and the
 table signature; a length-1 unsqueezed column whose step matches the signature is accepted, because
 Reverb's `client.insert` sends those and Reverb stores them. What one stream can make the server hold is
-bounded by `wire.limits` (chunks and slices per request, counted before parsing; bytes of chunks held for
-later items; bytes per chunk tensor and, when every table has a signature, steps that fit one of its
-columns, checked before decompressing), each refusal naming the limit and the value got. Chunks are stored
-as received (serialized `ChunkData`) and sent back without re-encoding.
+bounded by `wire.limits` (chunks, slices and kept chunk keys per request, counted before parsing; bytes of
+chunks held for later items; bytes per chunk tensor, string elements included, and, when every table has a
+signature, steps that fit one of its columns, checked before decompressing; bytes an item decodes to), each
+refusal naming the limit and the value got. Items are checked by the rules a checkpoint's restore applies
+(`core.item_records`). Chunks are stored as received (serialized `ChunkData`) and sent back without
+re-encoding.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from typing import Callable, Iterator, Optional
 import grpc
 
 from replay_tf.core import chunk_store as chunk_store_lib
+from replay_tf.core import item_records
 from replay_tf.grpc import common
 from replay_tf.grpc import insert_queue
 from replay_tf.grpc import statuses
@@ -37,7 +40,6 @@ from replay_tf.wire import schema_pb2
 
 __all__ = ["InsertStreams"]
 
-_MAX_CHECKED_LAYOUTS = 4096      # column layouts a stream remembers as matching their table's signature
 _CHUNKS_TAG = 0x0A                 # InsertStreamRequest.chunks = 1, length-delimited
 
 
@@ -88,7 +90,7 @@ class InsertStreams:
                 return
 
     def _apply_insert_requests(self, request_iterator, context, state: insert_queue.InsertStreamState) -> None:
-        held: dict = {}  # chunk key -> (Chunk, step headers, rows, episode id): this stream's chunks no item owns yet
+        held: dict = {}  # chunk key -> its item_records.ChunkLayout: this stream's chunks no item owns yet
         held_bytes = limits.HeldChunks()  # the bytes of the chunks in `held`
         confirmed: list = []  # keys inserted while applying the current request, confirmed together
         checked: set = set()  # (table, (dtype, shape) of each column) of this stream's items that matched
@@ -121,9 +123,8 @@ class InsertStreams:
                     if stored is not chunk:
                         headers = self._stored_headers(stored, chunk, headers)
                     held_bytes.add(chunk.key, len(serialized) if serialized is not None else chunk_proto.ByteSize())
-                    # Each tensor's header as (dtype, shape of one step); the chunk's rows and episode.
-                    held[chunk.key] = (stored, [(dtype, shape[1:]) for dtype, shape in headers],
-                                       stored.num_rows, stored.sequence_range.episode_id)
+                    held[chunk.key] = item_records.ChunkLayout(stored, headers, limits.STRING_ELEMENT_BYTES,
+                                                               chunk_codec.string_lengths)
                 if not item_protos:
                     held_bytes.check()
                     continue  # keep_chunk_keys only applies to requests with items
@@ -136,16 +137,17 @@ class InsertStreams:
                     if confirmed:
                         state.confirm(confirmed)
                         confirmed.clear()
+                # (at most limits.MAX_KEPT_CHUNKS_PER_REQUEST keys, counted before parsing)
                 keep = set(request.keep_chunk_keys)
                 for key in [k for k in held if k not in keep]:
                     del held[key]
                     held_bytes.drop(key)
                 if len(held) != len(keep):
-                    missing = sorted(keep - set(held))
+                    missing = sorted(k for k in keep if k not in held)
                     raise statuses.StatusError(
                         grpc.StatusCode.FAILED_PRECONDITION,
-                        f"Kept less chunks than expected: keep_chunk_keys names chunks {missing} "
-                        f"that this stream never received")
+                        f"Kept less chunks than expected: keep_chunk_keys names {len(missing)} chunks "
+                        f"{limits.listed_keys(missing)} that this stream never received")
                 held_bytes.check()
         finally:
             held.clear()  # chunks no item refers to are freed with the stream
@@ -162,66 +164,22 @@ class InsertStreams:
             return headers
         return chunk_codec.chunk_from_proto(schema_pb2.ChunkData.FromString(serialized), serialized)[1]
 
-    def _item(self, entry: table_entry.TableEntry, proto: schema_pb2.PrioritizedItem, held: dict,
-              checked: set) -> chunk_store_lib.Item:
-        """The core item of `proto`, validated against the stream's chunks (headers only, nothing decoded)
-        and the table's signature (skipped for a column layout in `checked`, which it joins)."""
-        key = proto.key
-        resolved, columns, episode_ids = [], [], set()
-        proto_columns = proto.flat_trajectory.columns
-        if not proto_columns:
-            raise ValueError(f"item {key} for table '{proto.table}': the trajectory must not be empty")
-        for i, column in enumerate(proto_columns):
-            slices = column.chunk_slices
-            if not slices:
-                raise ValueError(f"item {key}: column {i} has no chunk slices")
-            squeeze = column.squeeze
-            if squeeze and (len(slices) != 1 or slices[0].length != 1):
-                raise ValueError(f"item {key}: column {i} is squeezed, so it must be exactly one slice of "
-                                 f"length 1, got {len(slices)} slices")
-            flat = [squeeze]
-            dtype = shape = None
-            rows = 0
-            for s in slices:
-                chunk_key, offset, length, index = s.chunk_key, s.offset, s.length, s.index
-                found = held.get(chunk_key)
-                if found is None:
-                    raise statuses.StatusError(
-                        grpc.StatusCode.FAILED_PRECONDITION,
-                        f"Could not find sequence chunk {chunk_key}. Item {key} for table '{proto.table}' refers "
-                        f"to a chunk that this stream does not hold (never sent, or not listed in the previous "
-                        f"request's keep_chunk_keys)")
-                chunk, headers, num_rows, episode_id = found
-                if offset < 0 or length < 1 or offset + length > num_rows:
-                    raise ValueError(f"item {key}: slice {(chunk_key, offset, length, index)} of column {i} is out "
-                                     f"of chunk {chunk_key}'s rows [0, {num_rows})")
-                if not 0 <= index < len(headers):
-                    raise ValueError(f"item {key}: column {i} refers to tensor {index} of chunk {chunk_key}, "
-                                     f"which has {len(headers)} tensors")
-                got_dtype, got_step = headers[index]
-                if dtype is None:
-                    dtype, shape = got_dtype, got_step
-                elif got_step != shape or (got_dtype is not dtype and got_dtype != dtype):
-                    raise ValueError(f"item {key}: column {i} joins slices of different dtypes or shapes: "
-                                     f"{dtype.name}{list(shape)} and {got_dtype.name}{list(got_step)}")
-                rows += length
-                flat += (chunk, index, offset, offset + length)
-                episode_ids.add(episode_id)
-            resolved.append(tuple(flat))
-            columns.append((dtype, shape if squeeze else (rows, *shape)))
-        priority = proto.priority
-        entry.table.check_priority(key, priority)
-        layout = (entry.name, *columns)
-        if layout not in checked:  # the signature check, once per column layout
-            self._check_signature(entry, key, columns)
-            if len(checked) >= _MAX_CHECKED_LAYOUTS:
-                checked.clear()
-            checked.add(layout)
-        item = chunk_store_lib.Item.from_resolved(key, priority, tuple(resolved), frozenset(episode_ids))
-        item.times_sampled = proto.times_sampled  # taken from the request, as Reverb does
-        return item
-
     @staticmethod
-    def _check_signature(entry: table_entry.TableEntry, key: int, columns: list) -> None:
-        entry.table.check_column_layout(key, columns)
-
+    def _item(entry: table_entry.TableEntry, proto: schema_pb2.PrioritizedItem, held: dict,
+              checked: set) -> chunk_store_lib.Item:
+        """The core item of `proto`, checked by the rules of every path into a table (`core.item_records`)
+        against the stream's chunks (headers only, nothing decoded) and the table's signature (skipped for a
+        column layout in `checked`, which it joins). `times_sampled` is taken from the request, as Reverb does."""
+        columns = [(column.squeeze, column.chunk_slices) for column in proto.flat_trajectory.columns]
+        try:
+            return item_records.item_from_record(entry.table, proto.key, proto.priority, proto.times_sampled,
+                                                 columns, held.get, max_item_bytes=limits.MAX_ITEM_BYTES,
+                                                 checked=checked)
+        except item_records.MissingChunkError as e:
+            raise statuses.StatusError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"Could not find sequence chunk {e.chunk_key}. Item {proto.key} for table '{proto.table}' refers "
+                f"to a chunk that this stream does not hold (never sent, or not listed in the previous "
+                f"request's keep_chunk_keys)") from None
+        except item_records.ItemTooLargeError as e:
+            raise statuses.StatusError(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e)) from None

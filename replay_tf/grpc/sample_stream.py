@@ -16,6 +16,7 @@ from replay_tf.core import table as table_lib
 from replay_tf.grpc import common
 from replay_tf.grpc import malloc
 from replay_tf.grpc import shared_memory as shared_memory_lib
+from replay_tf.wire import limits
 from replay_tf.wire import tensor_codec
 from replay_tf.wire import reverb_service_pb2
 from replay_tf.wire import schema_pb2
@@ -320,6 +321,18 @@ def _decode_pending(tensors: list) -> list:
     return [t.decode() for t in tensors]
 
 
+def _slice_bytes(chunk: chunk_store_lib.Chunk, index: int, start: int, stop: int) -> int:
+    """The bytes rows `[start, stop)` of tensor `index` of a sampled chunk decode to (strings: each element
+    counted as `limits.STRING_ELEMENT_BYTES` plus its bytes), read from headers or the decoded tensor's view."""
+    encoded = chunk.encoded
+    if type(encoded) is list and not chunk.is_decoded:  # a one-row chunk's PendingTensors
+        return encoded[index].nbytes * (stop - start)
+    part = chunk.tensors[index][start:stop]
+    if part.dtype.kind == "O":
+        return part.size * limits.STRING_ELEMENT_BYTES + sum(map(len, part.reshape(-1)))
+    return part.nbytes
+
+
 def _sampled_item(key: int, priority: float, times_sampled: int, trajectory_proto, sent: list, cache,
                   chunk_of) -> chunk_store_lib.Item:
     """A core `Item` for a sample, from its proto and the `ChunkData` lists of its entries (`sent`).
@@ -332,6 +345,7 @@ def _sampled_item(key: int, priority: float, times_sampled: int, trajectory_prot
     own = None  # chunk key -> (chunk, rows, tensors, nbytes) of the chunks sent with this sample, when needed
     get, touch = cache.get, cache.move_to_end
     columns = []
+    nbytes = 0  # what the item's columns decode to: checked before anything is assembled
     trajectory = trajectory_proto.columns
     for c in range(len(trajectory)):  # (indexing a repeated field costs a fraction of iterating over it)
         column = trajectory[c]
@@ -361,11 +375,17 @@ def _sampled_item(key: int, priority: float, times_sampled: int, trajectory_prot
                 raise errors.ReverbError(f"sampled item {key}: slice [{start}, {stop}) of tensor {index} is out of "
                                          f"chunk {chunk_key}'s {tensors} tensors of {rows} rows")
             flat += (chunk, index, start, stop)
+            nbytes += _slice_bytes(chunk, index, start, stop)
         if len(flat) == 1:
             raise errors.ReverbError(f"sampled item {key} has a column without chunk slices")
         columns.append(tuple(flat))
     if not columns:
         raise errors.ReverbError(f"sampled item {key} has no columns")
+    if nbytes > limits.MAX_ITEM_BYTES:
+        raise errors.ReverbError(
+            f"sampled item {key} decodes to {nbytes} bytes (each chunk slice counted as often as the item names "
+            f"it), over replay_tf.wire.limits.MAX_ITEM_BYTES ({limits.MAX_ITEM_BYTES}); nothing was allocated for "
+            f"it: raise the limit in this process to sample it")
     item = chunk_store_lib.Item.from_resolved(key, priority, tuple(columns))
     item.times_sampled = times_sampled
     return item

@@ -31,6 +31,7 @@ __all__ = [
     "serialized_chunk",
     "serialized_chunk_parts",
     "stored_tensors",
+    "string_lengths",
 ]
 
 
@@ -133,12 +134,12 @@ def chunk_from_proto(proto: schema_pb2.ChunkData, serialized: Optional[bytes] = 
     if serialized is not None:
         headers = _seen_headers(proto.chunk_key, serialized, rows, check_content, check_step)
     if headers is None:
-        headers = _checked_headers(proto, tensors, sequence_range, rows)
+        if serialized is None:
+            serialized = proto.SerializeToString()
+        headers = _checked_headers(proto, tensors, sequence_range, rows, len(serialized))
         if check_step is not None:
             for index, (dtype, shape) in enumerate(headers):
                 check_step(proto.chunk_key, index, dtype, shape)
-        if serialized is None:
-            serialized = proto.SerializeToString()
         if check_content:
             _check_contents(proto, serialized, tensors, headers)
     chunk = chunk_store.Chunk(proto.chunk_key, None, sequence_range, delta_encoded=proto.delta_encoded,
@@ -182,12 +183,10 @@ def _check_contents(proto: schema_pb2.ChunkData, serialized: bytes, tensors, hea
     for index, (dtype, shape) in enumerate(headers):
         count = math.prod(shape)
         if dtype.kind == "O":
-            tensor = tensors[index]
-            content = tensor.tensor_content
-            found = len(tensor_codec.decode_string_list(content, count)) if content else len(tensor.string_val)
-            if found != count:
-                raise ChunkDecodeError(f"chunk {proto.chunk_key}: string tensor {index} of shape {list(shape)} has "
-                                       f"{found} values, expected {count}")
+            try:  # (read with numpy: a Python object per string would cost many times its byte on the wire)
+                tensor_codec.string_lengths(tensors[index], count)
+            except ChunkDecodeError as e:
+                raise ChunkDecodeError(f"chunk {proto.chunk_key}: tensor {index} of shape {list(shape)}: {e}") from None
             continue
         content = contents[index] if contents is not None else tensors[index].tensor_content
         expected = count * dtype.itemsize
@@ -202,14 +201,16 @@ def _check_contents(proto: schema_pb2.ChunkData, serialized: bytes, tensors, hea
 
 
 def _checked_headers(proto: schema_pb2.ChunkData, tensors, sequence_range: chunk_store.SequenceRange,
-                     rows: int) -> list:
+                     rows: int, chunk_bytes: int) -> list:
+    """The `(dtype, shape)` of each tensor, checked (see `chunk_from_proto`); `chunk_bytes`, the chunk's
+    serialized size, bounds the bytes of its strings (read so, their content is not copied to be measured)."""
     headers = []
     for index, tensor in enumerate(tensors):
         dtype, shape = tensor_codec.tensor_header(tensor)
         if not shape or shape[0] != rows:
             raise ChunkDecodeError(f"chunk {proto.chunk_key}: tensor {index} has shape {list(shape)} but the "
                                    f"sequence range [{sequence_range.start}, {sequence_range.end}] has {rows} rows")
-        _check_content_size(proto.chunk_key, index, tensor, dtype, shape)
+        _check_content_size(proto.chunk_key, index, tensor, dtype, shape, chunk_bytes)
         headers.append((dtype, shape))
     return headers
 
@@ -246,13 +247,17 @@ def _seen_headers(chunk_key: int, serialized: bytes, rows: int, check_content: b
     return headers
 
 
-def _check_content_size(chunk_key: int, index: int, tensor, dtype: np.dtype, shape: tuple) -> None:
+def _check_content_size(chunk_key: int, index: int, tensor, dtype: np.dtype, shape: tuple,
+                        chunk_bytes: int) -> None:
     """ChunkDecodeError unless the shape has no negative dim and, for non-string tensors, the size that the
     Snappy header of `tensor_content` announces is the shape's byte size (the header is read, not the data)
-    and within `limits.MAX_CHUNK_TENSOR_BYTES` (`ChunkTooLargeError`)."""
+    and within `limits.MAX_CHUNK_TENSOR_BYTES` (`ChunkTooLargeError`; for string tensors, their elements
+    counted as `tensor_codec.check_string_tensor_bytes` counts them, with the chunk's `chunk_bytes`)."""
     if any(size < 0 for size in shape):
         raise ChunkDecodeError(f"chunk {chunk_key}: tensor {index} has a negative dimension: shape {list(shape)}")
     if dtype.kind == "O":
+        tensor_codec.check_string_tensor_bytes(math.prod(shape), chunk_bytes, shape,
+                                               f"chunk {chunk_key}: tensor {index}")
         return
     expected = math.prod(shape) * dtype.itemsize
     try:
@@ -264,6 +269,13 @@ def _check_content_size(chunk_key: int, index: int, tensor, dtype: np.dtype, sha
         raise ChunkDecodeError(f"chunk {chunk_key}: tensor {index} of dtype {dtype.name} and shape {list(shape)} "
                                f"needs {expected} bytes, its content announces {size}")
     tensor_codec.check_tensor_bytes(expected, dtype, shape, f"chunk {chunk_key}: tensor {index}")
+
+
+def string_lengths(chunk: chunk_store.Chunk, index: int) -> np.ndarray:
+    """The length of each string of string tensor `index` of `chunk` (rows first), read from the chunk's
+    serialized form without a Python object per string (see `tensor_codec.string_lengths`)."""
+    tensor = _proto_tensors(schema_pb2.ChunkData.FromString(serialized_chunk(chunk)))[index]
+    return tensor_codec.string_lengths(tensor, math.prod(tensor_codec.tensor_header(tensor)[1]))
 
 
 def serialized_chunk(chunk: chunk_store.Chunk) -> bytes:

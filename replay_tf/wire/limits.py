@@ -1,8 +1,9 @@
 """Limits on what one client can make a replay server (or a sampling client) hold in memory.
 
 `max_message_bytes` bounds the bytes of one message, not what they turn into: tiny chunks cost ~1 KiB of
-Python objects each, slices ~100 bytes, and 48 MiB of valid Snappy data may declare 1 GiB. These limits
-bound each of those. They are read when used, so a process may change them (e.g. for a table of unusually
+Python objects each, slices ~100 bytes, kept chunk keys ~100 bytes as a set, an empty string one byte on the
+wire and a Python object decoded, 48 MiB of valid Snappy data may declare 1 GiB, and an item that names one row
+many times decodes to that many copies. These limits bound each of those. They are read when used, so a process may change them (e.g. for a table of unusually
 large steps: `replay_tf.wire.limits.MAX_CHUNK_TENSOR_BYTES = 1 << 30` before the server or client runs).
 
 The defaults leave wide margins for real workloads: an Atari chunk of 1,000 steps of 84x84x4 uint8 frames
@@ -16,6 +17,8 @@ kept first.
 from __future__ import annotations
 
 from typing import Optional
+
+import numpy as np
 
 #: Chunks one `InsertStreamRequest` may carry (counted in the request's bytes, before it is parsed).
 MAX_CHUNKS_PER_REQUEST = 1 << 16
@@ -35,6 +38,24 @@ MAX_HELD_CHUNK_BYTES_PER_STREAM = 256 << 20
 #: What a held chunk costs beyond its bytes (its Python objects and the stream's records of it).
 HELD_CHUNK_OVERHEAD_BYTES = 1 << 10
 
+#: Keys one `InsertStreamRequest` may name in `keep_chunk_keys` (counted before parsing). A stream never holds more
+#: chunks than `MAX_HELD_CHUNK_BYTES_PER_STREAM // HELD_CHUNK_OVERHEAD_BYTES`, so a request naming more could
+#: never be satisfied.
+MAX_KEPT_CHUNKS_PER_REQUEST = 1 << 18
+
+#: What one element of a string chunk tensor costs decoded (a Python `bytes` object and the references to it),
+#: counted with the strings' bytes against `MAX_CHUNK_TENSOR_BYTES` and `MAX_ITEM_BYTES`: an empty string is one
+#: byte on the wire.
+STRING_ELEMENT_BYTES = 64
+
+#: Bytes one item's columns may decode to, each slice counted as many times as the item names it (an item may
+#: name one chunk row any number of times). Checked when an item is inserted (over gRPC or in this process) or
+#: restored, and by a sampling client before it assembles a sample.
+MAX_ITEM_BYTES = 256 << 20
+
+#: Chunk keys an error message lists (the others are counted).
+MAX_LISTED_KEYS = 16
+
 
 class LimitExceededError(ValueError):
     """A request is over one of this module's limits (the server answers RESOURCE_EXHAUSTED)."""
@@ -42,6 +63,8 @@ class LimitExceededError(ValueError):
 
 _CHUNKS_TAG = 0x0A          # InsertStreamRequest.chunks = 1, length-delimited
 _ITEMS_TAG = 0x12           # InsertStreamRequest.items = 2
+_KEEP_PACKED_TAG = 0x1A     # InsertStreamRequest.keep_chunk_keys = 3, packed
+_KEEP_TAG = 0x18            # the same field, one varint per key (parsers accept both)
 _TRAJECTORY_TAG = 0x42      # PrioritizedItem.flat_trajectory = 8
 _REPEATED_TAG = 0x0A        # FlatTrajectory.columns = 1 and Column.chunk_slices = 1
 _MIN_SLICE_BYTES = 2        # a chunk slice costs at least its tag and its length on the wire
@@ -51,13 +74,20 @@ def check_insert_request(raw: bytes) -> None:
     """LimitExceededError if the serialized `InsertStreamRequest` `raw` carries more chunks than
     `MAX_CHUNKS_PER_REQUEST` or more chunk slices than `MAX_SLICES_PER_REQUEST`, counted in its bytes before
     it is parsed (parsing turns every one into objects). Slices are counted one by one only when the items'
-    bytes could hold more than the limit. Bytes this walk cannot read are left to the parser to refuse."""
+    bytes could hold more than the limit. Bytes this walk cannot read are left to the parser to refuse.
+    Keys in `keep_chunk_keys` over `MAX_KEPT_CHUNKS_PER_REQUEST` are refused the same way."""
     max_chunks, max_slices = MAX_CHUNKS_PER_REQUEST, MAX_SLICES_PER_REQUEST
-    chunks = 0
+    chunks = kept = 0
     items = []  # (start, end) of each item
     item_bytes = 0
-    for tag, start, end in _fields(raw, 0, len(raw)):
-        if tag == _CHUNKS_TAG:
+    for tag, start, end in _fields(raw, 0, len(raw), _KEEP_TAG):
+        if tag == _KEEP_PACKED_TAG:
+            kept += _count_varints(raw, start, end)
+            _check_kept(kept)
+        elif tag == _KEEP_TAG:
+            kept += 1
+            _check_kept(kept)
+        elif tag == _CHUNKS_TAG:
             chunks += 1
             if chunks > max_chunks:
                 raise LimitExceededError(
@@ -87,9 +117,32 @@ def check_insert_request(raw: bytes) -> None:
                         f"process")
 
 
-def _fields(buffer: bytes, pos: int, end: int):
-    """`(tag, start, end)` of each length-delimited field of the message in `buffer[pos:end]` (other fields are
-    skipped); stops quietly at bytes it cannot read. Every step moves forward, so the walk always ends."""
+def _check_kept(kept: int) -> None:
+    limit = MAX_KEPT_CHUNKS_PER_REQUEST
+    if kept > limit:
+        raise LimitExceededError(
+            f"InsertStreamRequest names {kept} or more chunks in keep_chunk_keys, over "
+            f"replay_tf.wire.limits.MAX_KEPT_CHUNKS_PER_REQUEST ({limit}): keep only the chunks later items need, "
+            f"or raise the limit in the server's process")
+
+
+def _count_varints(buffer: bytes, start: int, end: int) -> int:
+    """How many varints end in `buffer[start:end]`: every varint ends at its one byte below 0x80 (read a block at
+    a time, so that counting costs no copy of the request)."""
+    count = 0
+    for block in range(start, end, _COUNT_BLOCK_BYTES):
+        view = np.frombuffer(buffer, np.uint8, min(_COUNT_BLOCK_BYTES, end - block), block)
+        count += int(np.count_nonzero(view < 0x80))
+    return count
+
+
+_COUNT_BLOCK_BYTES = 1 << 20
+
+
+def _fields(buffer: bytes, pos: int, end: int, varint_tag: int = -1):
+    """`(tag, start, end)` of each length-delimited field of the message in `buffer[pos:end]`, and
+    `(varint_tag, pos, pos)` for each varint field of that tag (other fields are skipped); stops quietly at
+    bytes it cannot read. Every step moves forward, so the walk always ends."""
     while pos < end:
         tag, pos = _varint(buffer, pos, end)
         if pos < 0:
@@ -105,6 +158,8 @@ def _fields(buffer: bytes, pos: int, end: int):
             _, pos = _varint(buffer, pos, end)
             if pos < 0:
                 return
+            if tag == varint_tag:
+                yield tag, pos, pos
         elif wire_type == 1:
             pos += 8
         elif wire_type == 5:
@@ -124,6 +179,18 @@ def _varint(buffer: bytes, pos: int, end: int) -> tuple:
             return value, pos
         shift += 7
     return 0, -1
+
+
+def listed_keys(keys) -> str:
+    """The first `MAX_LISTED_KEYS` of `keys` (an iterable of ints, taken in order), then how many more there are:
+    an error message naming keys stays short however many a request named."""
+    shown, more = [], 0
+    for key in keys:
+        if len(shown) < MAX_LISTED_KEYS:
+            shown.append(key)
+        else:
+            more += 1
+    return f"{shown}" + (f" and {more} more" if more else "")
 
 
 class HeldChunks:
@@ -173,7 +240,6 @@ class StepCheck:
     def for_signatures(cls, signatures) -> Optional[StepCheck]:
         """The check for tables whose signatures (nests of `tf.TensorSpec`) are `signatures`; None if one
         of them is None or there are none."""
-        import numpy as np  # noqa: PLC0415
         import tensorflow as tf  # noqa: PLC0415  (signatures are TensorSpecs: TensorFlow is loaded)
         signatures = list(signatures)
         if not signatures or any(signature is None for signature in signatures):

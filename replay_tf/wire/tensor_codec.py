@@ -34,6 +34,7 @@ __all__ = [
     "ChunkDecodeError",
     "ChunkTooLargeError",
     "PendingTensor",
+    "check_string_tensor_bytes",
     "check_tensor_bytes",
     "decode_string_list",
     "decode_tensor",
@@ -44,6 +45,7 @@ __all__ = [
     "numpy_dtype",
     "pending_fields",
     "pending_tensor",
+    "string_lengths",
     "tensor_header",
     "uncompressed_size",
 ]
@@ -250,6 +252,7 @@ def _decode_tensor(proto, delta_encoded: bool) -> np.ndarray:
         raise ChunkDecodeError(f"chunk tensor has a negative dimension: shape {list(shape)}")
     if dtype.kind == "O":
         content = proto.tensor_content
+        check_string_tensor_bytes(count, len(content), shape, "chunk tensor")
         values = decode_string_list(content, count) if content else proto.string_val
         if len(values) != count:
             raise ChunkDecodeError(f"string chunk tensor of shape {list(shape)} has {len(values)} values, "
@@ -288,6 +291,59 @@ def _encode_string_list(array: np.ndarray) -> bytes:
     # TF's EncodeStringList: every length as a varint, then every string's bytes.
     values = [_as_bytes(v) for v in array.reshape(-1)]
     return b"".join([_raw.varint(len(v)) for v in values] + values)
+
+
+def check_string_tensor_bytes(count: int, data_bytes: int, shape: tuple, what: str) -> None:
+    """ChunkTooLargeError if a string tensor of `count` elements (its `shape`) holding at most `data_bytes` of
+    strings would decode to more than the limit: each element counted as `limits.STRING_ELEMENT_BYTES` plus
+    the strings' bytes; checked before any string is decoded."""
+    nbytes = count * limits.STRING_ELEMENT_BYTES + data_bytes
+    limit = limits.MAX_CHUNK_TENSOR_BYTES
+    if nbytes > limit:
+        raise ChunkTooLargeError(
+            f"{what} of dtype string and shape {list(shape)} decodes to about {nbytes} bytes ({count} strings, "
+            f"each counted as replay_tf.wire.limits.STRING_ELEMENT_BYTES ({limits.STRING_ELEMENT_BYTES}) plus "
+            f"its bytes), over replay_tf.wire.limits.MAX_CHUNK_TENSOR_BYTES ({limit}): write its steps in "
+            f"more, shorter chunks, or raise the limit in the server's and the clients' processes")
+
+
+def string_lengths(proto, count: int) -> np.ndarray:
+    """The byte length of each of the `count` strings of a string chunk tensor, as int64, read without making a
+    Python object per string; ChunkDecodeError unless the lengths and the strings fill `tensor_content`
+    exactly (TF's EncodeStringList: every length as a varint, then the strings' bytes)."""
+    content = proto.tensor_content
+    if not content:
+        values = proto.string_val
+        if len(values) != count:
+            raise ChunkDecodeError(f"string chunk tensor has {len(values)} values, expected {count}")
+        return np.fromiter(map(len, values), np.int64, count)
+    a = np.frombuffer(content, np.uint8)
+    if count == 0:
+        raise ChunkDecodeError(f"string chunk tensor of no strings has {len(a)} bytes of content")
+    # A length takes at most 5 varint bytes (a string under 32 GiB): the lengths lie in this head. Every varint
+    # ends at a byte below 0x80; the `count`-th such byte ends the lengths.
+    head = a[:5 * count]
+    ends_seen = np.cumsum(head < 0x80, dtype=np.int32)
+    if not len(ends_seen) or ends_seen[-1] < count:
+        raise ChunkDecodeError(f"string chunk tensor content ends inside the lengths of its {count} strings")
+    lengths_end = int(np.searchsorted(ends_seen, count)) + 1
+    del ends_seen
+    region = head[:lengths_end]
+    last = region < 0x80
+    if last.all():  # every length is one byte (strings under 128 bytes): the common case
+        lengths = region.astype(np.int64)
+    else:
+        starts = np.flatnonzero(np.concatenate(([True], last[:-1])))  # where each varint starts
+        varint = np.repeat(np.arange(count), np.diff(np.append(starts, lengths_end)))
+        shift = 7 * (np.arange(lengths_end) - starts[varint])  # the bit position of each byte's 7 bits
+        if shift.max() > 28:
+            raise ChunkDecodeError(f"string chunk tensor has a length of more than 5 varint bytes")
+        lengths = np.add.reduceat((region & 0x7F).astype(np.int64) << shift, starts)
+    data = len(a) - lengths_end
+    if int(lengths.sum()) != data:
+        raise ChunkDecodeError(f"string chunk tensor content has {data} bytes of data, its {count} lengths add "
+                               f"up to {int(lengths.sum())}")
+    return lengths
 
 
 def decode_string_list(content: bytes, count: int) -> list:

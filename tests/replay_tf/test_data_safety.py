@@ -26,6 +26,8 @@ from replay_tf.wire import tensor_codec
 from replay_tf.wire import reverb_service_pb2
 from replay_tf.wire import schema_pb2
 
+import proc_testlib
+
 _PREFIX = "/deepmind.reverb.ReverbService/"
 
 
@@ -450,22 +452,7 @@ def _restore_one_table(root):
 
 # --- 2. stopping the server while writers insert ---
 
-_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def _start_serve(*args):
-    """`replay-tf serve ARGS` in a process of its own; returns `(process, port)` once it serves."""
-    env = dict(os.environ, PYTHONPATH=_REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
-    proc = subprocess.Popen([sys.executable, "-m", "replay_tf.cli", "serve", *args], cwd=_REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    seen = []
-    for line in proc.stdout:
-        seen.append(line)
-        if line.startswith("replay-tf: serving tables"):
-            return proc, int(line.split(" on ")[1].split()[0].rsplit(":", 1)[1])
-    proc.wait(10)
-    raise AssertionError(f"replay-tf serve exited ({proc.returncode}) before serving:\n{''.join(seen)}")
+_start_serve = proc_testlib.start_serve
 
 
 class _KeyedWriter:

@@ -509,3 +509,51 @@ def test_checking_chunk_contents_in_many_threads_keeps_a_few_buffers_not_one_per
         tracemalloc.stop()
     assert not errors_seen, errors_seen
     assert held < 16 << 20, held  # a buffer per thread would hold ~48 MiB
+
+
+@pytest.mark.slow
+def test_keep_chunk_keys_are_bounded_before_parsing(plain_server):
+    _warm(plain_server, "plain", [4])
+    keys = list(range(1 << 60, (1 << 60) + 1_500_000))  # 9 bytes each on the wire: ~13 MiB
+    raw = _request([_chunk(51, np.zeros([1, 4], np.uint8))], [_item(52, "plain", [(51, 0, 1)])], keep=keys)
+    plain_server.reset_peak()
+    before, _ = plain_server.rss()
+    error = _status(plain_server.insert_stream([raw]))
+    _, peak = plain_server.rss()
+    # The request's bytes in gRPC's buffers and in Python; nothing is parsed. (As Python ints in a set, the
+    # keys would cost ~100 bytes each, their listing in an error ~20 more.)
+    assert peak - before < 3 * len(raw) + _NOISE, (len(raw), before, peak)
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, error.details()
+    assert (f"names {len(keys)} or more chunks in keep_chunk_keys, over "
+            f"replay_tf.wire.limits.MAX_KEPT_CHUNKS_PER_REQUEST ({limits.MAX_KEPT_CHUNKS_PER_REQUEST})"
+            ) in error.details()
+    assert len(error.details()) < 1000
+
+
+def _empty_strings_chunk(key: int, count: int) -> bytes:
+    """A serialized `ChunkData` of one row of `count` empty strings: one byte each on the wire."""
+    proto = schema_pb2.ChunkData(chunk_key=key)
+    proto.sequence_range.episode_id = 1
+    tensor = proto.data.tensors.add(dtype=tf.string.as_datatype_enum, tensor_content=bytes(count))
+    tensor.tensor_shape.dim.add(size=1)
+    tensor.tensor_shape.dim.add(size=count)
+    return proto.SerializeToString()
+
+
+@pytest.mark.slow
+def test_a_string_tensor_counts_its_elements_before_decoding(plain_server):
+    _warm(plain_server, "plain", [4])
+    count = 16 * _MIB
+    chunk = _empty_strings_chunk(61, count)  # its size bounds the bytes of its strings
+    raw = _request([chunk], [_item(62, "plain", [(61, 0, 1)])])  # ~16 MiB
+    plain_server.reset_peak()
+    before, _ = plain_server.rss()
+    error = _status(plain_server.insert_stream([raw]))
+    _, peak = plain_server.rss()
+    # The request's bytes in gRPC's buffers and in Python, the parsed message and the chunk's bytes: ~5 copies.
+    # (Decoded as Python lists, each empty string, one byte of the request, would cost 16 bytes at least.)
+    assert peak - before < 6 * len(raw) + _NOISE, (len(raw), before, peak)
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, error.details()
+    assert (f"chunk 61: tensor 0 of dtype string and shape [1, {count}] decodes to about {count * 64 + len(chunk)} "
+            f"bytes ({count} strings, each counted as replay_tf.wire.limits.STRING_ELEMENT_BYTES (64) plus its "
+            f"bytes), over replay_tf.wire.limits.MAX_CHUNK_TENSOR_BYTES ({32 * _MIB})") in error.details()

@@ -270,9 +270,14 @@ def serve(args: argparse.Namespace) -> int:
         if dropped:
             print(f"replay-tf: the restore left out {len(dropped)} items whose chunks cannot be decoded: "
                   f"{[(d.table, d.key) for d in dropped]}", file=sys.stderr, flush=True)
-        run_until_stopped(server, stop, stats_interval=args.stats_interval,
-                          checkpoint_interval=args.checkpoint_interval if checkpointer else None)
-        print("replay-tf: stopping", flush=True)
+        if run_until_stopped(server, stop, stats_interval=args.stats_interval,
+                             checkpoint_interval=args.checkpoint_interval if checkpointer else None):
+            print("replay-tf: stopping", flush=True)
+        else:
+            status = 1
+            print("replay-tf: the gRPC server stopped answering calls (an error ended its thread, see above) and "
+                  "cannot recover: writing the exit checkpoint and exiting; restart the server",
+                  file=sys.stderr, flush=True)
         # No insert may be confirmed after the exit checkpoint has read the tables.
         server.refuse_inserts()
         if checkpointer is not None and _checkpoint(server) is None:
@@ -302,19 +307,32 @@ def _checkpoint(server) -> Optional[str]:
     return path
 
 
+#: How often `run_until_stopped` checks that the server still answers calls.
+_WATCH_INTERVAL_S = 0.5
+
+
 def run_until_stopped(server, stop: threading.Event, *, stats_interval: float,
-                      checkpoint_interval: Optional[float] = None) -> None:
+                      checkpoint_interval: Optional[float] = None) -> bool:
     """Prints per-table statistics every `stats_interval` seconds and checkpoints every `checkpoint_interval`
-    seconds (None: never) until `stop` is set. A checkpoint that fails is reported and tried again one
+    seconds (None: never) until `stop` is set (returns True) or the server no longer answers calls (its
+    `serving` turned False: returns False). A checkpoint that fails is reported and tried again one
     interval later; serving goes on."""
     reporter = StatsReporter(server)
-    next_checkpoint = time.monotonic() + checkpoint_interval if checkpoint_interval else None
-    while not stop.wait(stats_interval):
+    now = time.monotonic()
+    next_stats = now + stats_interval
+    next_checkpoint = now + checkpoint_interval if checkpoint_interval else None
+    while not stop.wait(max(0.0, min(_WATCH_INTERVAL_S, next_stats - time.monotonic()))):
+        if not getattr(server, "serving", True):
+            return False
+        if time.monotonic() < next_stats:
+            continue
+        next_stats = time.monotonic() + stats_interval
         for line in reporter.report():
             print(line, flush=True)
         if next_checkpoint is not None and time.monotonic() >= next_checkpoint:
             _checkpoint(server)
             next_checkpoint = time.monotonic() + checkpoint_interval
+    return True
 
 
 def _security_options(args: argparse.Namespace) -> tuple:

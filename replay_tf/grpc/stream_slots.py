@@ -55,9 +55,9 @@ DEFAULT_RESERVED_THREADS = 64
 #: Idle threads the pool keeps ahead of demand (at most `reserved_threads`): the threads that answer unary
 #: calls and refuse streams once the process cannot start more.
 SPARE_THREADS = 4
-#: Stack of every thread the server starts. The handlers are shallow (protobuf, numpy and table code); 1 MiB
-#: already holds a Python recursion as deep as the default recursion limit allows through C calls, and
-#: twice that leaves room for extension code such as a user's checkpointer.
+#: Stack of every thread the server starts: room for the handlers' work (protobuf, numpy and table code, a
+#: user's checkpointer) and for a recursion as deep as Python's default limit, at a quarter of glibc's usual
+#: default (docs/reliability.md, "Streams under a thread or address-space limit").
 THREAD_STACK_BYTES = 2 << 20
 
 #: Address space (of a limit such as `ulimit -v`) that thread stacks never take: what the server needs to

@@ -99,10 +99,11 @@ def _open_until_refused(opener: StreamOpener) -> tuple:
     while len(held) < _MAX_STREAMS_TRIED:
         batch = opener.open(8, method="InsertStream")
         time.sleep(0.5)  # (a refusal comes at once)
-        ended = _ended(opener, batch)
-        held += [call for call in batch if not call.done()]
-        if ended:
-            return held, ended
+        held += batch
+        if any(call.done() for call in batch):
+            time.sleep(1.0)  # (refusals slower to arrive end too)
+            ended = _ended(opener, held)
+            return [call for call in held if not call.done()], ended
     raise AssertionError(f"none of {len(held)} streams was refused under the address-space limit")
 
 
@@ -146,7 +147,7 @@ def test_serve_at_its_address_space_limit_refuses_streams_and_keeps_serving(tmp_
             call.cancel()
         time.sleep(1.0)
         fresh = opener.open(8, method="InsertStream")
-        time.sleep(0.5)
+        time.sleep(1.0)  # (a refusal comes at once)
         assert _ended(opener, fresh) == []
         with remote_client(address).trajectory_writer(1) as new_writer:
             new_writer.append({"x": 2})

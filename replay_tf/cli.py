@@ -24,7 +24,8 @@ checkpoint is written on exit (and every ``--checkpoint-interval`` seconds; one 
 is reported and retried at the next interval while the server keeps serving and the previous checkpoint
 stays). Ctrl-C, SIGTERM or SIGHUP stops cleanly: the tables first refuse inserts (writers get UNAVAILABLE and
 keep their unconfirmed items to send again), then the exit checkpoint is written, so it holds every item
-whose insert was confirmed.
+whose insert was confirmed. A server whose gRPC listener stops answering calls (an error ended its thread) writes
+the exit checkpoint the same way and exits with status 1, to be restarted.
 ``--tls-cert cert.pem --tls-key key.pem`` serves over TLS and ``--auth-token-file token.txt`` requires the token
 in that file from every client (`replay_tf.set_connection_options` or REPLAY_TF_AUTH_TOKEN on the client side).
 """

@@ -156,8 +156,8 @@ class Server:
 
     @property
     def serving(self) -> bool:
-        """False once the network listener has stopped answering calls without `stop()` (an error ended the
-        gRPC server's thread): the process then has to be restarted. True for a server without a listener."""
+        """False once the network listener no longer answers calls: after `stop()`, or when an error ended the
+        gRPC server's thread (the process then has to be restarted). True for a server without a listener."""
         return bool(getattr(self._service, "serving", True))
 
     def table(self, name: str) -> Table:

@@ -53,8 +53,8 @@ class GrpcService:
 
     @property
     def serving(self) -> bool:
-        """False once grpc's server thread has ended without `stop()` (an error killed it): nothing is
-        answered any more, and the process must be restarted."""
+        """False once grpc's server thread has ended: after `stop()`, or when an error killed it (then nothing
+        is answered any more, and the process must be restarted)."""
         return all(thread.is_alive() for thread in self._serve_threads)
 
     def stop(self, grace_s: Optional[float] = None) -> None:

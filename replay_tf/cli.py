@@ -24,7 +24,9 @@ clients and `replay_tf.Client` connect to ``host:port``) and prints per-table st
 independently of the stats interval; one that fails, e.g. on a full disk, is reported and retried at the next
 interval while the server keeps serving and the previous checkpoint stays). Ctrl-C, SIGTERM or SIGHUP stops
 cleanly: the tables first refuse inserts (writers get UNAVAILABLE and keep their unconfirmed items to send
-again), then the exit checkpoint is written, so it holds every item whose insert was confirmed.
+again), then the exit checkpoint is written, so it holds every item whose insert was confirmed. A server whose
+gRPC listener stops answering calls (an error ended its thread) writes the exit checkpoint the same way and
+exits with status 1, to be restarted.
 ``--tls-cert cert.pem --tls-key key.pem`` serves over TLS and ``--auth-token-file token.txt`` requires the token
 in that file from every client (`replay_tf.set_connection_options` or REPLAY_TF_AUTH_TOKEN on the client side).
 """
@@ -271,9 +273,14 @@ def serve(args: argparse.Namespace) -> int:
         if dropped:
             print(f"replay-tf: the restore left out {len(dropped)} items whose chunks cannot be decoded: "
                   f"{[(d.table, d.key) for d in dropped]}", file=sys.stderr, flush=True)
-        run_until_stopped(server, stop, stats_interval=args.stats_interval,
-                          checkpoint_interval=args.checkpoint_interval if checkpointer else None)
-        print("replay-tf: stopping", flush=True)
+        if run_until_stopped(server, stop, stats_interval=args.stats_interval,
+                             checkpoint_interval=args.checkpoint_interval if checkpointer else None):
+            print("replay-tf: stopping", flush=True)
+        else:
+            status = 1
+            print("replay-tf: the gRPC server stopped answering calls (an error ended its thread, see above) and "
+                  "cannot recover: writing the exit checkpoint and exiting; restart the server",
+                  file=sys.stderr, flush=True)
         # No insert may be confirmed after the exit checkpoint has read the tables.
         server.refuse_inserts()
         if checkpointer is not None and _checkpoint(server) is None:
@@ -303,19 +310,27 @@ def _checkpoint(server) -> Optional[str]:
     return path
 
 
+#: How often `run_until_stopped` checks that the server still answers calls.
+_WATCH_INTERVAL_S = 0.5
+
+
 def run_until_stopped(server, stop: threading.Event, *, stats_interval: float,
-                      checkpoint_interval: Optional[float] = None) -> None:
+                      checkpoint_interval: Optional[float] = None) -> bool:
     """Prints per-table statistics every `stats_interval` seconds and checkpoints every `checkpoint_interval`
-    seconds (None: never) until `stop` is set. The two schedules are independent: the loop wakes at whichever
-    is due first, so a long stats interval never delays a checkpoint. A checkpoint that fails is reported and
+    seconds (None: never) until `stop` is set (returns True) or the server no longer answers calls (its
+    `serving` turned False: returns False). The two schedules are independent: the loop wakes at whichever is
+    due first, so a long stats interval never delays a checkpoint. A checkpoint that fails is reported and
     tried again one interval later; serving goes on."""
     reporter = StatsReporter(server)
-    next_stats = time.monotonic() + stats_interval
-    next_checkpoint = time.monotonic() + checkpoint_interval if checkpoint_interval else None
+    now = time.monotonic()
+    next_stats = now + stats_interval
+    next_checkpoint = now + checkpoint_interval if checkpoint_interval else None
     while True:
         due = next_stats if next_checkpoint is None else min(next_stats, next_checkpoint)
-        if stop.wait(max(0.0, due - time.monotonic())):
-            return
+        if stop.wait(max(0.0, min(_WATCH_INTERVAL_S, due - time.monotonic()))):
+            return True
+        if not getattr(server, "serving", True):
+            return False
         if time.monotonic() >= next_stats:
             for line in reporter.report():
                 print(line, flush=True)

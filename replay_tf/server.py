@@ -154,6 +154,12 @@ class Server:
     def stopped(self) -> bool:
         return self._stopped.is_set()
 
+    @property
+    def serving(self) -> bool:
+        """False once the network listener no longer answers calls: after `stop()`, or when an error ended the
+        gRPC server's thread (the process then has to be restarted). True for a server without a listener."""
+        return bool(getattr(self._service, "serving", True))
+
     def table(self, name: str) -> Table:
         """The table called `name`; `TableNotFoundError` (a ValueError) listing the tables otherwise."""
         table = self._tables.get(name)

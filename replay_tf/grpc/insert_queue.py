@@ -11,10 +11,13 @@ import threading
 import traceback
 from typing import Optional
 
+import grpc
+
 from replay_tf import errors
 from replay_tf.core import table as table_lib
 from replay_tf.grpc import common
 from replay_tf.grpc import statuses
+from replay_tf.grpc import stream_slots
 
 __all__ = ["InsertQueue", "InsertStreamState"]
 
@@ -126,12 +129,14 @@ class InsertQueue:
                 self._cv.wait(common.WAIT_SLICE_MS / 1000.0)
                 if not stream.active():
                     raise statuses.client_gone()
+            if not self._working:
+                # (The worker waits for `_cv`, held here, before it looks at the queue.)
+                if not stream_slots.start_thread(self._work, f"replay_tf-inserts-{self._table.name}"):
+                    raise statuses.StatusError(grpc.StatusCode.RESOURCE_EXHAUSTED, stream_slots.thread_refusal(
+                        f"the insert queue of table '{self._table.name}'"))
+                self._working = True
             self._pending.append((item, stream))
             stream.queued()
-            if not self._working:
-                self._working = True
-                threading.Thread(target=self._work, name=f"replay_tf-inserts-{self._table.name}",
-                                 daemon=True).start()
 
     def _work(self) -> None:
         while True:

@@ -20,7 +20,7 @@ re-encoding.
 """
 from __future__ import annotations
 
-import threading
+import sys
 from typing import Callable, Iterator, Optional
 
 import grpc
@@ -30,6 +30,7 @@ from replay_tf.core import item_records
 from replay_tf.grpc import common
 from replay_tf.grpc import insert_queue
 from replay_tf.grpc import statuses
+from replay_tf.grpc import stream_slots
 from replay_tf.grpc import table_entry
 from replay_tf.wire import _raw
 from replay_tf.wire import chunk_codec
@@ -52,6 +53,13 @@ class InsertStreams:
         self._chunk_store = chunk_store
         # Refuses chunk tensors whose steps fit no column of the tables' signatures (None: a table has none).
         self._step_check = step_check
+        # The streams' readers: threads kept once started, so that a stream closed leaves its reader to the
+        # next one, even when the process cannot start another thread.
+        self._readers = stream_slots.ThreadPool(sys.maxsize, spare_threads=0, name="replay_tf-insert-stream")
+
+    def close(self) -> None:
+        """Ends the readers' threads, each once its stream has ended."""
+        self._readers.shutdown(wait=False)
 
     def stream(self, request_iterator, context) -> Iterator[bytes]:
         """Serves one InsertStream call: applies its requests and yields its confirmations."""
@@ -73,7 +81,9 @@ class InsertStreams:
                     state.done = True
                     cv.notify_all()
 
-        threading.Thread(target=read, name="replay_tf-insert-stream", daemon=True).start()
+        if self._readers.try_submit(read) is None:
+            raise statuses.StatusError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                       stream_slots.thread_refusal("this InsertStream's reader"))
         while True:
             with cv:
                 while not (state.keys or state.done or state.error is not None):

@@ -10,6 +10,7 @@ handlers are `servicer.ReverbServicer` (unary calls), `inserting` (InsertStream,
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Optional
 
 import grpc
@@ -42,17 +43,25 @@ class GrpcService:
     """A running gRPC listener for a `Server`'s tables; `stop()` ends every call and releases the port."""
 
     def __init__(self, grpc_server: grpc.Server, port: int, servicer: servicer_lib.ReverbServicer,
-                 slots: Optional[stream_slots.StreamSlots] = None, pool=None):
+                 slots: Optional[stream_slots.StreamSlots] = None, pool=None, serve_threads=()):
         self._grpc_server = grpc_server
         self.port = port
         self.servicer = servicer
         self.streams = slots  # open streams and their limit
         self._pool = pool
+        self._serve_threads = tuple(serve_threads)  # grpc's threads that take calls and hand them to the pool
+
+    @property
+    def serving(self) -> bool:
+        """False once grpc's server thread has ended: after `stop()`, or when an error killed it (then nothing
+        is answered any more, and the process must be restarted)."""
+        return all(thread.is_alive() for thread in self._serve_threads)
 
     def stop(self, grace_s: Optional[float] = None) -> None:
         self._grpc_server.stop(grace_s).wait(timeout=10)
         if self._pool is not None:
             self._pool.shutdown(wait=False)  # its idle threads (one per stream once open at the same time) end
+        self.servicer.close()
 
 
 def _handler(servicer: servicer_lib.ReverbServicer, slots: stream_slots.StreamSlots) -> grpc.GenericRpcHandler:
@@ -90,7 +99,8 @@ def start(server, *, host: Optional[str] = None, port: Optional[int] = None,
         never take them (default 64). Threads start on demand.
       max_streams: Most streams (InsertStream, SampleStream, InitializeConnection) open at once, idle or
         waiting on a rate limiter included (default `server.max_streams` if set, else
-        `DEFAULT_MAX_STREAMS`); each holds a thread, started on demand. One more is refused at once with
+        `DEFAULT_MAX_STREAMS`); each holds a thread, started on demand. One more, or one the process
+        cannot start a thread for (an address-space or thread limit), is refused at once with
         RESOURCE_EXHAUSTED (see `stream_slots`).
       server_credentials: `grpc.ServerCredentials` to serve over TLS (default `server.server_credentials`
         if set, else plain text).
@@ -125,13 +135,14 @@ def start(server, *, host: Optional[str] = None, port: Optional[int] = None,
     max_streams = stream_slots.check_max_streams(max_streams)
     reserved = stream_slots.DEFAULT_RESERVED_THREADS if max_workers is None else max_workers
     servicer = servicer_lib.ReverbServicer(server)
-    slots = stream_slots.StreamSlots(max_streams)
     options = [
         ("grpc.max_receive_message_length", int(max_message_bytes)),
         ("grpc.max_send_message_length", -1),
         ("grpc.so_reuseport", 0),  # a second server on the same port must fail, not share it
     ]
-    pool = stream_slots.thread_pool(max_streams, max(1, reserved))
+    reserved = max(1, reserved)
+    pool = stream_slots.ThreadPool(max_streams + reserved, spare_threads=min(stream_slots.SPARE_THREADS, reserved))
+    slots = stream_slots.StreamSlots(max_streams, pool)
     interceptors = [auth.TokenInterceptor(auth_token)] if auth_token is not None else None
     grpc_server = grpc.server(pool, handlers=[_handler(servicer, slots)], interceptors=interceptors, options=options)
     bind_host = f"[{host}]" if ":" in host and not host.startswith("[") else host
@@ -147,5 +158,8 @@ def start(server, *, host: Optional[str] = None, port: Optional[int] = None,
     if not bound:
         pool.shutdown(wait=False)
         raise ValueError(f"could not bind the replay service to {bind_host}:{port} (port in use?)") from error
+    before = set(threading.enumerate())
     grpc_server.start()
-    return GrpcService(grpc_server, bound, servicer, slots, pool)
+    # grpc names its server thread after its function (`_serve`); without one found, `serving` stays True.
+    serve_threads = [t for t in threading.enumerate() if t not in before and t.name.endswith("(_serve)")]
+    return GrpcService(grpc_server, bound, servicer, slots, pool, serve_threads)

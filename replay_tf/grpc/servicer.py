@@ -46,6 +46,10 @@ class ReverbServicer:
         self._inserts = inserting.InsertStreams(self._entry, self._chunk_store, step_check)
         self._samples = sampling.SampleStreams(self._entry)
 
+    def close(self) -> None:
+        """Ends the threads the handlers keep between calls (when the calls they serve have ended)."""
+        self._inserts.close()
+
     # --- helpers ---
 
     def pending_inserts(self, table: str) -> tuple:

@@ -16,6 +16,11 @@ each optionally inverted (`!=`, `<`, `<=` are built from those, as in Reverb). T
 ConditionNode(left='step_index', cmp='mod_eq', value=0, mod=2, inverse=False, flat_source_index=None)
 >>> Condition.data({'a': None, 'b': None})['b'] < 3
 ConditionNode(left='flat_source_index', cmp='ge', value=3, mod=None, inverse=True, flat_source_index=1)
+
+The constant is an integer or a bool, as in Reverb (`== False` is `eq: 0`, as RLDS's notebooks write it):
+
+>>> Condition.data({'is_terminal': None})['is_terminal'] == False
+ConditionNode(left='flat_source_index', cmp='eq', value=0, mod=None, inverse=False, flat_source_index=0)
 """
 from __future__ import annotations
 

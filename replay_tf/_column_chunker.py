@@ -46,6 +46,20 @@ def cpp_dtype_name(dtype: np.dtype) -> str:
     return _CPP_DTYPE_NAMES.get(dtype.name, dtype.name)
 
 
+def cpp_shape(shape: tuple) -> str:
+    """`shape` as Reverb's error messages print it (TensorFlow's C++ `TensorShape::DebugString`: `[1,2]`)."""
+    return f"[{','.join(str(d) for d in shape)}]"
+
+
+def with_hint(error: Exception, hint: str) -> Exception:
+    """`error` with `hint` attached as a note: tracebacks show it after the message, while `str(error)` stays
+    Reverb's text, which Reverb's own tests compare exactly. (Python 3.10 has no notes: the hint is dropped.)"""
+    add_note = getattr(error, "add_note", None)
+    if add_note is not None:
+        add_note(hint)
+    return error
+
+
 class _CellRef:
     """A reference to one step of one column: row `row` of `chunk`."""
 
@@ -117,17 +131,19 @@ class _ColumnChunker:
         self.max_chunk_length = self._chunk_length(max_chunk_length)
 
     def check(self, value: np.ndarray) -> None:
-        """ValueError unless `value` has the column's dtype and shape (fixed by its first value); the message
-        starts with Reverb's text for the same error."""
+        """ValueError unless `value` has the column's dtype and shape (fixed by its first value), with Reverb's
+        text for the same error and what to fix as a note."""
         if value.dtype != self.dtype:
-            raise ValueError(f"Tensor of wrong dtype provided for column {self.label}. Got "
-                             f"{cpp_dtype_name(value.dtype)} but expected {cpp_dtype_name(self.dtype)}. The column "
-                             f"{self.path} holds numpy {self.dtype.name} since its first value; got "
-                             f"{value.dtype.name}: convert the value to {self.dtype.name}.")
+            raise with_hint(ValueError(
+                f"Tensor of wrong dtype provided for column {self.label}. Got {cpp_dtype_name(value.dtype)} but "
+                f"expected {cpp_dtype_name(self.dtype)}."),
+                f"The column {self.path} holds numpy {self.dtype.name} since its first value; got "
+                f"{value.dtype.name}: convert the value to {self.dtype.name}.")
         if value.shape != self.shape:
-            raise ValueError(f"Tensor of incompatible shape provided for column {self.label}. Got "
-                             f"{list(value.shape)} which is incompatible with {list(self.shape)}. The column "
-                             f"{self.path} holds values of shape {self.shape} since its first value.")
+            raise with_hint(ValueError(
+                f"Tensor of incompatible shape provided for column {self.label}. Got {cpp_shape(value.shape)} "
+                f"which is incompatible with {cpp_shape(self.shape)}."),
+                f"The column {self.path} holds values of shape {self.shape} since its first value.")
 
     def append(self, value: np.ndarray, episode_id: int, step: int) -> _CellRef:
         if self.chunk is None:

@@ -31,7 +31,7 @@ from replay_tf import errors
 from replay_tf import reverb_types  # noqa: F401  (Reverb's `structured_writer.reverb_types`)
 from replay_tf._writer_context import FlushOnExitCloseOnDelete
 from replay_tf.core.chunk_store import Item
-from replay_tf._column_chunker import _ColumnChunker, _new_key
+from replay_tf._column_chunker import _ColumnChunker, _new_key, with_hint
 from replay_tf._leaves import flat_dict_keys, leaf_array, path_str
 from rlds_tf.patterns import Condition
 from rlds_tf.patterns import ConditionProto
@@ -114,9 +114,10 @@ class StructuredWriter(FlushOnExitCloseOnDelete):
                 self._labels = [f"{column} (path={tuple(path)!r})" for column, (path, _) in enumerate(with_path)]
                 self._keys = keys
             elif len(with_path) != len(self._paths):
-                raise ValueError(f"Flattened data has an unexpected length, got {len(with_path)} but wanted "
-                                 f"{len(self._paths)}. Every step must have the first step's structure, whose "
-                                 f"leaves are {self._paths} (None for a field a step lacks).")
+                raise with_hint(ValueError(f"Flattened data has an unexpected length, got {len(with_path)} but "
+                                           f"wanted {len(self._paths)}."),
+                                f"Every step must have the first step's structure, whose leaves are {self._paths} "
+                                f"(None for a field a step lacks).")
         # Every column is checked, read or not (as Reverb).
         flat = [None if value is None else leaf_array(value, path, "the appended step", none_ok=True)
                 for path, value in with_path]

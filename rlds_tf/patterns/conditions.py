@@ -16,10 +16,16 @@ each optionally inverted (`!=`, `<`, `<=` are built from those, as in Reverb). T
 ConditionNode(left='step_index', cmp='mod_eq', value=0, mod=2, inverse=False, flat_source_index=None)
 >>> Condition.data({'a': None, 'b': None})['b'] < 3
 ConditionNode(left='flat_source_index', cmp='ge', value=3, mod=None, inverse=True, flat_source_index=1)
+
+The constant is an integer or a bool, as in Reverb (`== False` is `eq: 0`, as RLDS's notebooks write it):
+
+>>> Condition.data({'is_terminal': None})['is_terminal'] == False
+ConditionNode(left='flat_source_index', cmp='eq', value=0, mod=None, inverse=False, flat_source_index=0)
 """
 from __future__ import annotations
 
 import dataclasses
+import operator
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -28,6 +34,24 @@ from rlds_tf.patterns import nodes
 
 LEFT_KINDS = ("step_index", "steps_since_applied", "buffer_length", "is_end_episode", "flat_source_index")
 CMP_KINDS = ("eq", "ge", "mod_eq")
+
+
+_INT32_MIN, _INT32_MAX = -(2 ** 31), 2 ** 31 - 1
+
+
+def _operand(value: Any, what: str = "the value a condition compares with") -> int:
+    """`value` as the int a condition stores, taking what Reverb's builder takes: Python and numpy integers
+    and bools (`Condition.data(spec)[IS_TERMINAL] == False` is `eq: 0`, `== True` is `eq: 1`).
+
+    Raises:
+      TypeError: `value` is not an integer or a bool (a float, None, a string ...).
+    """
+    if isinstance(value, (bool, np.bool_)):
+        return int(value)
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{what} must be an integer or a bool, got {value!r} ({type(value).__name__})") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,8 +117,10 @@ class _ConditionBuilder:
         return f"Condition.{self._left}()"
 
     def _make(self, cmp: str, value: int, inverse: bool = False) -> ConditionNode:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"conditions compare with an int, got {value!r} ({type(value).__name__})")
+        # The proto's fields are int32 (Reverb's builder fails on setting them).
+        for name, number in (("the value a condition compares with", value), ("a condition's modulus", self._mod)):
+            if number is not None and not _INT32_MIN <= number <= _INT32_MAX:
+                raise ValueError(f"{name} must fit in int32 ([{_INT32_MIN}, {_INT32_MAX}]), got {number}")
         condition = ConditionNode(self._left, cmp, value, self._mod, inverse, self._index)
         validate_condition(condition, nodes.path_str(self._path) if self._path else "")
         return condition
@@ -102,10 +128,11 @@ class _ConditionBuilder:
     def __mod__(self, mod: int) -> "_ConditionBuilder":
         if self._mod is not None:
             raise ValueError("a condition takes one modulus: write `x % m == k`")
+        mod = _operand(mod, "a condition's modulus")
         return _ConditionBuilder(self._left, self._index, mod, self._path)
 
     def __eq__(self, value: int) -> ConditionNode:  # type: ignore[override]
-        return self._make("mod_eq" if self._mod is not None else "eq", value)
+        return self._make("mod_eq" if self._mod is not None else "eq", _operand(value))
 
     def __ne__(self, value: int) -> ConditionNode:  # type: ignore[override]
         return dataclasses.replace(self == value, inverse=True)
@@ -116,18 +143,22 @@ class _ConditionBuilder:
 
     def __ge__(self, value: int) -> ConditionNode:
         self._no_mod(">=")
+        value = _operand(value)
         return self._make("ge", value)
 
     def __gt__(self, value: int) -> ConditionNode:
         self._no_mod(">")
+        value = _operand(value)
         return self._make("ge", value + 1)
 
     def __lt__(self, value: int) -> ConditionNode:
         self._no_mod("<")
+        value = _operand(value)
         return self._make("ge", value, inverse=True)
 
     def __le__(self, value: int) -> ConditionNode:
         self._no_mod("<=")
+        value = _operand(value)
         return self._make("ge", value + 1, inverse=True)
 
     __hash__ = None  # comparisons build conditions, so builders are not hashable

@@ -1,5 +1,6 @@
 """Recording RLDS datasets: an EnvLogger-compatible wrapper, its TFDS backend, crash recovery, Catch."""
 from rlds_tf.recording import catch_env
+from rlds_tf.recording import rlds_utils
 from rlds_tf.recording.backend import StepData
 from rlds_tf.recording.backend import TFDSBackendWriter
 from rlds_tf.recording.catch_env import Catch
@@ -23,4 +24,5 @@ __all__ = [
     "config_from_specs",
     "needs_recovery",
     "recover",
+    "rlds_utils",
 ]

@@ -36,6 +36,44 @@ def _zeros_like(value: Any, fallback: Any) -> Any:
         lambda x: np.zeros_like(x) if isinstance(x, (np.ndarray, np.generic)) else type(x)(0), value)
 
 
+def to_rlds_step(prev_step: StepData, step: Optional[StepData], *,
+                 zero_fields: Optional[Mapping[str, Any]] = None) -> dict:
+    """The RLDS step of `prev_step`'s observation: the action taken on it and what that action produced.
+
+    `step` is the environment step that followed (`None` for the final observation, whose action, reward
+    and discount are invalid and stored as zeros: `zero_fields[field]` where given, else zeros like the
+    previous values). The dict `prev_step.custom_data` is merged in (the step metadata).
+
+    >>> first = StepData(dm_env.restart(np.float32(1.5)), None)
+    >>> second = StepData(dm_env.termination(reward=1.0, observation=np.float32(2.5)), np.int64(2))
+    >>> step = to_rlds_step(first, second)
+    >>> step['observation'], step['action'], step['reward'], step['is_first'], step['is_terminal']
+    (np.float32(1.5), np.int64(2), 1.0, True, False)
+    >>> last = to_rlds_step(second, None)
+    >>> last['observation'], int(last['action']), last['reward'], last['is_last'], last['is_terminal']
+    (np.float32(2.5), 0, 0.0, True, True)
+    """
+    zero_fields = zero_fields or {}
+    ts = prev_step.timestep
+    rlds_step = {
+        rlds_types.OBSERVATION: ts.observation,
+        rlds_types.IS_FIRST: ts.step_type == dm_env.StepType.FIRST,
+        rlds_types.IS_LAST: ts.step_type == dm_env.StepType.LAST,
+        rlds_types.IS_TERMINAL: ts.step_type == dm_env.StepType.LAST and ts.discount == 0.0,
+    }
+    if step is not None:
+        rlds_step[rlds_types.ACTION] = step.action
+        rlds_step[rlds_types.REWARD] = step.timestep.reward
+        rlds_step[rlds_types.DISCOUNT] = step.timestep.discount
+    else:  # the final observation: action/reward/discount are invalid and stored as zeros
+        rlds_step[rlds_types.ACTION] = _zeros_like(prev_step.action, zero_fields.get(rlds_types.ACTION))
+        rlds_step[rlds_types.REWARD] = _zeros_like(ts.reward, zero_fields.get(rlds_types.REWARD))
+        rlds_step[rlds_types.DISCOUNT] = _zeros_like(ts.discount, zero_fields.get(rlds_types.DISCOUNT))
+    if isinstance(prev_step.custom_data, dict):
+        rlds_step.update(prev_step.custom_data)
+    return rlds_step
+
+
 class TFDSBackendWriter:
     """Writes recorded episodes as an RLDS dataset in TFDS format (envlogger's `TFDSBackendWriter` API).
 
@@ -125,24 +163,7 @@ class TFDSBackendWriter:
             self._writer.add_step(step)
 
     def _rlds_step(self, prev: StepData, cur: Optional[StepData]) -> dict:
-        ts = prev.timestep
-        step = {
-            rlds_types.OBSERVATION: ts.observation,
-            rlds_types.IS_FIRST: ts.step_type == dm_env.StepType.FIRST,
-            rlds_types.IS_LAST: ts.step_type == dm_env.StepType.LAST,
-            rlds_types.IS_TERMINAL: ts.step_type == dm_env.StepType.LAST and ts.discount == 0.0,
-        }
-        if cur is not None:
-            step[rlds_types.ACTION] = cur.action
-            step[rlds_types.REWARD] = cur.timestep.reward
-            step[rlds_types.DISCOUNT] = cur.timestep.discount
-        else:  # the final observation: action/reward/discount are invalid and stored as zeros
-            step[rlds_types.ACTION] = _zeros_like(prev.action, self._zero_fields.get(rlds_types.ACTION))
-            step[rlds_types.REWARD] = _zeros_like(ts.reward, self._zero_fields.get(rlds_types.REWARD))
-            step[rlds_types.DISCOUNT] = _zeros_like(ts.discount, self._zero_fields.get(rlds_types.DISCOUNT))
-        if isinstance(prev.custom_data, dict):
-            step.update(prev.custom_data)
-        return step
+        return to_rlds_step(prev, cur, zero_fields=self._zero_fields)
 
     def record_step(self, data: StepData, is_new_episode: bool) -> None:
         """Records one dm_env step; `is_new_episode` marks the reset step."""

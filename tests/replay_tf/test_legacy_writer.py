@@ -140,9 +140,9 @@ def test_a_leaf_changing_dtype_or_shape_is_refused_at_append(client):
     # dm-reverb accepts the step and fails at flush/close, about concatenating tensors.
     with client.writer(2) as writer:
         writer.append({"a": np.zeros([2], np.float32)})
-        with pytest.raises(ValueError, match=r"column \(0,\)\. Got \[3\] which is incompatible with \[2\]\. The column \[0\]"):
+        with pytest.raises(ValueError, match=r"column \(0,\)\. Got \[3\] which is incompatible with \[2\]\.\nThe column \[0\]"):
             writer.append({"a": np.zeros([3], np.float32)})
-        with pytest.raises(ValueError, match=r"column \(0,\)\. Got int32 but expected float\. The column \[0\] holds numpy float32"):
+        with pytest.raises(ValueError, match=r"column \(0,\)\. Got int32 but expected float\.\nThe column \[0\] holds numpy float32"):
             writer.append({"a": np.zeros([2], np.int32)})
         writer.append({"a": np.ones([2], np.float32)})
         writer.create_item("q", 2, 1.0)

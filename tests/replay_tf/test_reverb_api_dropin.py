@@ -330,8 +330,9 @@ def test_error_contains_reverbs_text(scenario, peer_results, local_results):
 def test_error_contains_reverbs_recorded_text(scenario, local_results):
     error_type, text = REVERB_ERRORS[scenario].split(": ", 1)
     ours = reverb_testlib.scenario_results(local_results, scenario)["error"]
+    # (Where Reverb's tests compare a text exactly it is all of ours, what we add being a note on the
+    # exception: tests/replay_tf/test_reverb_message_texts.py.)
     assert ours.startswith(f"{error_type}: ") and text in ours, ours
-    assert len(ours) > len(REVERB_ERRORS[scenario]) or scenario.endswith("no_config"), "no detail appended"
 
 
 @pytest.mark.peer

@@ -63,6 +63,12 @@ CASES = [
      " sw.create_config({'a': ref['x'][-1]}, 't', conditions=[C.step_index() % 3 == 1])]"),
     ("data_bool", True,
      "configs = [sw.create_config(ref['x'][-1], 't', conditions=[C.data(spec)['flag'] == 1])]"),
+    # RLDS's dataset-patterns notebook compares with bools (`== False`); Reverb stores them as 0 and 1.
+    ("data_bool_eq_false", True,
+     "configs = [sw.create_config(ref['x'][-2:], 't', conditions=[C.data(spec)['flag'] == False])]"),
+    ("data_bool_ne_false_eq_true", False,
+     "configs = [sw.create_config(ref['x'][-1], 't', conditions=[C.data(spec)['flag'] != False,"
+     " C.data(spec)['flag'] == True])]"),
     ("data_nested_mod", True,
      "configs = [sw.create_config(ref['y'][-2:], 't', conditions=[C.data(spec)['nested']['z'] % 3 == 1])]"),
     ("history_longer_than_episode", True, "configs = [sw.create_config(ref['x'][-6:], 't')]"),

@@ -26,6 +26,7 @@ from rlds_dataset_testlib import appending_writer
 from rlds_dataset_testlib import record_catch
 from rlds_tf import _stacked_decoding
 from rlds_tf import cli
+from rlds_tf.recording import Catch
 from rlds_tf.recording import _tfrecord_files
 from rlds_tf.recording import crash_recovery
 
@@ -94,7 +95,8 @@ def test_recovery_leaves_a_hard_linked_shard_alone(clean, tmp_path, capsys, capl
         assert f.read() == info_before        # nothing listed from the file left alone
     # An appending recorder would open the next shard with truncation: it refuses instead.
     if left_alone == SHARD.format(2):
-        with pytest.raises(ValueError, match=r"next shard of split 'train', .*00002', is a regular file with 2 link"):
+        with pytest.raises(ValueError, match=r"00002', shard 2 of split 'train' \(this recorder writes shards from 2 on\), "
+                                             r"is a regular file with 2 link"):
             appending_writer(directory)
         assert outside.read_bytes() == content
         assert not _tfrecord_files.writer_is_active(directory)
@@ -102,6 +104,27 @@ def test_recovery_leaves_a_hard_linked_shard_alone(clean, tmp_path, capsys, capl
     else:
         with pytest.raises(ValueError, match=rf"killed mid-write.*{message}"):
             rlds.load(directory, split="train")
+
+
+@pytest.mark.parametrize("plant", [os.symlink, os.link], ids=["symlink", "hard_link"])
+def test_an_appending_recorder_never_writes_through_a_later_shard(clean, tmp_path, plant):
+    """A link planted past the next shard: the appending recorder would reach it after one shard."""
+    directory = _copy(clean, tmp_path)
+    outside = tmp_path / "outside.txt"
+    outside.write_bytes(PRECIOUS)
+    plant(outside, os.path.join(directory, SHARD.format(3)))  # the recorder writes shard 2, then 3
+    kind = "symbolic link with 1 link" if plant is os.symlink else "regular file with 2 link"
+    with pytest.raises(ValueError, match=rf"cannot append to .*: '.*{SHARD.format(3)}', shard 3 of split 'train' "
+                                         rf"\(this recorder writes shards from 2 on\), is a {kind}"):
+        with rlds.EnvLogger(Catch(rows=4, seed=5), data_directory=directory, max_episodes_per_file=1,
+                            overwrite=False) as env:
+            for _ in range(2):
+                timestep = env.reset()
+                while not timestep.last():
+                    timestep = env.step(0)
+    assert outside.read_bytes() == PRECIOUS
+    assert not _tfrecord_files.writer_is_active(directory)
+    assert _num_episodes(directory) == 3
 
 
 def test_recovery_still_repairs_a_shard_with_one_link(clean, tmp_path):

@@ -95,8 +95,8 @@ def test_recovery_leaves_a_hard_linked_shard_alone(clean, tmp_path, capsys, capl
         assert f.read() == info_before        # nothing listed from the file left alone
     # An appending recorder would open the next shard with truncation: it refuses instead.
     if left_alone == SHARD.format(2):
-        with pytest.raises(ValueError, match=r"00002', shard 2 of split 'train' \(this recorder writes shards from 2 on\), "
-                                             r"is a regular file with 2 link"):
+        with pytest.raises(ValueError, match=r"00002', shard 2 of split 'train' \(this recorder writes shards "
+                                             r"from 2 on\), is a regular file with 2 link"):
             appending_writer(directory)
         assert outside.read_bytes() == content
         assert not _tfrecord_files.writer_is_active(directory)

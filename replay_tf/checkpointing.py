@@ -17,10 +17,13 @@
     server's tables when the server starts, and logs its path (also kept in `restored_checkpoint`).
     "Written last" is the largest sequence number, never the folder name: a wall clock stepped back (NTP,
     a restored VM snapshot) names a newer checkpoint earlier. Only complete folders named as `save` names
-    them count; others (an operator's copy such as `before-upgrade`, a stray folder with a `DONE` file) are
-    neither restored nor deleted. A checkpoint whose `DONE` file is empty (written without sequence
-    numbers) orders before every checkpoint that has one, and among such checkpoints by name; one whose
-    `DONE` file is not a sequence-number record is left alone (logged). The sequence number lives in
+    them count; others (an operator's copy such as `before-upgrade`, a stray folder with a `DONE` file, a
+    symlink to a folder) are neither restored nor deleted. A checkpoint whose `DONE` file is empty (written
+    without sequence numbers) orders before every checkpoint that has one, and among such checkpoints by
+    name; one whose `DONE` file is not a sequence-number record as `save` writes it (one Int64Value from 1
+    up, no other field, so at most 23 bytes: a larger file is never read) is left alone (logged). Every file
+    of a checkpoint is opened without blocking and must be a regular file (a FIFO would block the restore
+    forever). The sequence number lives in
     `DONE` rather than in `PriorityTableCheckpoint`, whose fields stay those of Reverb's message.
     Every record is checked as the insert path checks what it receives (chunk contents decoded in full,
     priorities, item keys unique per table, trajectories within their chunks, the table signature, known
@@ -57,6 +60,7 @@ import math
 import os
 import re
 import shutil
+import stat
 import struct
 import threading
 import zlib
@@ -83,6 +87,10 @@ _PARTIAL_PREFIX = ".partial-"
 _HEADER = struct.Struct("<QI")  # record length, CRC32 of the record
 # The folder names `save` gives: the UTC time, plus one "_" per checkpoint already under that name.
 _CHECKPOINT_NAME = re.compile(r"\d{8}T\d{6}\.\d{6}Z_*")
+# Sequence numbers count up from 1 and are stored as an int64.
+_MAX_SEQUENCE = 2 ** 63 - 1
+# A `DONE` file holds one record: its header and an Int64Value (a tag byte and at most 10 varint bytes).
+_MAX_DONE_BYTES = _HEADER.size + 11
 
 
 _log = logging.getLogger(__name__)
@@ -144,23 +152,39 @@ def _write_records(path: str, records: Iterator[bytes]) -> None:
         os.fsync(f.fileno())
 
 
+def _open_regular(path: str):
+    """`open(path, "rb")` for a regular file only; a FIFO is refused at once instead of blocking the read."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # O_NONBLOCK: a FIFO opens without a writer
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise CheckpointError(f"{path}: expected a regular file, got file type {stat.filemode(mode)[0]!r} "
+                              f"({stat.filemode(mode)}); a checkpoint folder holds only the files `save` writes")
+    return os.fdopen(fd, "rb")
+
+
 def _read_records(path: str) -> Iterator[bytes]:
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        while True:
-            header = f.read(_HEADER.size)
-            if not header:
-                return
-            if len(header) < _HEADER.size:
-                raise CheckpointError(f"{path}: truncated record header")
-            length, crc = _HEADER.unpack(header)
-            if length > size - f.tell():  # a corrupt length must not make us allocate it
-                raise CheckpointError(f"{path}: truncated or corrupt record (length {length} at offset "
-                                      f"{f.tell() - _HEADER.size}, file size {size})")
-            record = f.read(length)
-            if len(record) != length or zlib.crc32(record) != crc:
-                raise CheckpointError(f"{path}: truncated or corrupt record")
-            yield record
+    with _open_regular(path) as f:
+        yield from _records_in(f, path)
+
+
+def _records_in(f, path: str) -> Iterator[bytes]:
+    """The records of the open file `f` (named `path` in errors), read from its current offset."""
+    size = os.fstat(f.fileno()).st_size
+    while True:
+        header = f.read(_HEADER.size)
+        if not header:
+            return
+        if len(header) < _HEADER.size:
+            raise CheckpointError(f"{path}: truncated record header")
+        length, crc = _HEADER.unpack(header)
+        if length > size - f.tell():  # a corrupt length must not make us allocate it
+            raise CheckpointError(f"{path}: truncated or corrupt record (length {length} at offset "
+                                  f"{f.tell() - _HEADER.size}, file size {size})")
+        record = f.read(length)
+        if len(record) != length or zlib.crc32(record) != crc:
+            raise CheckpointError(f"{path}: truncated or corrupt record")
+        yield record
 
 
 def _fsync_dir(path: str) -> None:
@@ -207,7 +231,12 @@ class DirectoryCheckpointer:
             return self._save(server)
 
     def _save(self, server) -> str:
-        sequence = max((c.sequence or 0 for c in self._checkpoints()), default=0) + 1
+        last = max(self._checkpoints(), key=lambda c: c.sequence or 0, default=None)
+        sequence = (last.sequence or 0) + 1 if last is not None else 1
+        if sequence > _MAX_SEQUENCE:
+            raise CheckpointError(f"cannot number a checkpoint after {last.path}: its {_DONE_FILE} file records "
+                                  f"sequence number {last.sequence}, the largest an int64 holds (counting from 1, "
+                                  f"no checkpointer reaches it). Move that folder out of {self.root}")
         now = datetime.datetime.now(datetime.timezone.utc)
         name = now.strftime("%Y%m%dT%H%M%S.%fZ")
         final = os.path.join(self.root, name)
@@ -265,7 +294,9 @@ class DirectoryCheckpointer:
         found = []
         for name in os.listdir(self.root):
             path = os.path.join(self.root, name)
-            if _CHECKPOINT_NAME.fullmatch(name) and os.path.isfile(os.path.join(path, _DONE_FILE)):
+            # A folder itself, not a symlink to one: `keep_latest` could not delete a symlinked folder.
+            if (_CHECKPOINT_NAME.fullmatch(name) and not os.path.islink(path)
+                    and os.path.isfile(os.path.join(path, _DONE_FILE))):
                 try:
                     found.append(_Checkpoint(path, _read_sequence(path)))
                 except CheckpointError as e:
@@ -306,8 +337,11 @@ class DirectoryCheckpointer:
         for name in sorted(os.listdir(self.root)):
             if (name not in ours and not name.startswith(".")  # .partial- folders of saves in progress
                     and os.path.isfile(os.path.join(self.root, name, _DONE_FILE))):
-                _log.info("checkpoint root %s: ignoring %s: not a checkpoint name this checkpointer writes (restore "
-                          "it with fallback_checkpoint_path or DirectoryCheckpointer.load)", self.root, name)
+                why = ("a symlink, not a folder this checkpointer writes"
+                       if os.path.islink(os.path.join(self.root, name))
+                       else "not a checkpoint name this checkpointer writes")
+                _log.info("checkpoint root %s: ignoring %s: %s (restore it with fallback_checkpoint_path or "
+                          "DirectoryCheckpointer.load)", self.root, name, why)
         if checkpoints:
             path = checkpoints[0].path
             _log.info("restoring checkpoint %s (sequence %s, the last written of %d under %s)", path,
@@ -378,14 +412,30 @@ class DirectoryCheckpointer:
 
 
 def _read_sequence(path: str) -> Optional[int]:
-    """The sequence number a checkpoint's `DONE` file records; None for an empty one (written without)."""
-    records = list(_read_records(os.path.join(path, _DONE_FILE)))
+    """The sequence number a checkpoint's `DONE` file records; None for an empty one (written without).
+
+    Raises:
+      CheckpointError: `DONE` is not one record of an Int64Value from 1 to the int64 maximum, written as
+        `save` writes it (no other fields), or is larger than such a record (it is never read whole then).
+    """
+    done = os.path.join(path, _DONE_FILE)
+    with _open_regular(done) as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > _MAX_DONE_BYTES:  # checked on the open file, so a hostile one is never read whole
+            raise CheckpointError(f"checkpoint {path}: {_DONE_FILE} is {size} bytes, expected at most "
+                                  f"{_MAX_DONE_BYTES} (one sequence-number record)")
+        records = list(_records_in(f, done))
     if not records:
         return None
     if len(records) > 1:
         raise CheckpointError(f"checkpoint {path}: {_DONE_FILE} holds {len(records)} records, expected one "
                               f"(the sequence number)")
-    return _parse(wrappers_pb2.Int64Value, records[0], path, _DONE_FILE, 0).value
+    value = _parse(wrappers_pb2.Int64Value, records[0], path, _DONE_FILE, 0).value
+    if value < 1 or wrappers_pb2.Int64Value(value=value).SerializeToString() != records[0]:
+        raise CheckpointError(f"checkpoint {path}: {_DONE_FILE} record 0 is not a sequence number: expected an "
+                              f"Int64Value with only a value from 1 to {_MAX_SEQUENCE}, got value {value} in "
+                              f"{len(records[0])} bytes {records[0][:16].hex()}")
+    return value
 
 
 def _parse(message_class, record: bytes, path: str, file_name: str, index: int):

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import sys
@@ -299,10 +300,12 @@ _STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "S
 
 def _checkpoint(server) -> Optional[str]:
     """Writes a checkpoint and prints its path; prints why and returns None when writing fails with OSError
-    (e.g. a full disk: the save removed what it wrote, and the previous checkpoint stays)."""
+    (e.g. a full disk: the save removed what it wrote, and the previous checkpoint stays) or CheckpointError
+    (the checkpointer refuses the root as it is)."""
+    from replay_tf.checkpointing import CheckpointError  # noqa: PLC0415  (imports TF, as `serve` does)
     try:
         path = server.checkpoint()
-    except OSError as e:
+    except (OSError, CheckpointError) as e:
         print(f"replay-tf: checkpoint failed, the previous checkpoint stays: {type(e).__name__}: {e}",
               file=sys.stderr, flush=True)
         return None
@@ -392,9 +395,13 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of the `replay-tf` console script."""
     args = _parser().parse_args(argv)
-    if args.stats_interval <= 0:
-        print(f"replay-tf serve: --stats-interval ({args.stats_interval}) must be > 0", file=sys.stderr)
-        return 2
+    for option, seconds in (("--stats-interval", args.stats_interval),
+                            ("--checkpoint-interval", args.checkpoint_interval)):
+        # NaN would wake the loop without pause, infinity overflow its wait, a negative checkpoint interval
+        # checkpoint without pause.
+        if seconds is not None and not (math.isfinite(seconds) and seconds > 0):
+            print(f"replay-tf serve: {option} ({seconds}) must be a finite number > 0", file=sys.stderr)
+            return 2
     if args.checkpoint_interval is not None and not args.checkpoint_dir:
         print("replay-tf serve: --checkpoint-interval needs --checkpoint-dir", file=sys.stderr)
         return 2

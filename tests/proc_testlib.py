@@ -169,3 +169,31 @@ class ServeProcess:
             self.proc.wait(10)
         self.reader.join(10)
         self.proc.stdout.close()
+
+
+def without_hanging(fn, fifo, timeout_s=60.0):
+    """Runs fn() in a thread; if it is still running after `timeout_s` it is blocked in open() of `fifo`: opening
+    the FIFO's other end releases it (so the suite goes on) and the test fails."""
+    result = {}
+
+    def target():
+        try:
+            result["value"] = fn()
+        except BaseException as e:  # noqa: BLE001  (re-raised in the test's thread)
+            result["error"] = e
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    hung = thread.is_alive()
+    deadline = time.monotonic() + 60
+    while thread.is_alive() and time.monotonic() < deadline:
+        try:
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # releases a reader blocked in open()
+        except OSError:
+            pass
+        thread.join(0.1)
+    assert not hung, f"{fn} blocked on the FIFO {fifo} for {timeout_s} s"
+    if "error" in result:
+        raise result["error"]
+    return result["value"]

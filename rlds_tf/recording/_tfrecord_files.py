@@ -190,9 +190,10 @@ class WriterLock:
 def writer_is_active(data_directory: str) -> bool:
     """True while a live process holds the directory's writer lock."""
     path = os.path.join(data_directory, LOCK_FILE)
-    if not os.path.exists(path):
+    try:
+        fd = open_regular(path)
+    except FileNotFoundError:  # none, or a recorder closed cleanly (it removes the file) since the caller looked
         return False
-    fd = open_regular(path)
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:

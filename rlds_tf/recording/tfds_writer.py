@@ -9,6 +9,7 @@ On top of TFDS's sequential writer this adds what a recorder needs:
 """
 from __future__ import annotations
 
+import glob
 import os
 import shutil
 import stat
@@ -217,27 +218,35 @@ class DatasetWriter:
 
 def _check_next_shards_are_free(data_directory: str, name: str, split_names: Sequence[str],
                                 file_format: str) -> None:
-    """ValueError when appending would write a split's next shard through a symlink or a hard link.
+    """ValueError when appending would write a split's shard through a symlink or a hard link.
 
-    TFDS opens the next shard with truncation. The file found there is normally a shard a killed recorder
-    left (array_record lists a shard only once closed), which is its to overwrite; a symlink or a file with
-    more than one link (crash recovery leaves them alone) may be another file's data.
+    TFDS opens each new shard with truncation, from the first unlisted index on. A file found under one of
+    those names is normally a shard a killed recorder left (array_record lists a shard only once closed), which
+    is its to overwrite; a symlink or a file with more than one link (crash recovery leaves them alone) may be
+    another file's data. Every index from the next one on is checked, not only the next: the recorder reaches
+    the later ones as it fills shards.
     """
     suffix = file_adapters.FileFormat(file_format).file_suffix
     splits = {str(s.get("name")): s for s in files.read_info_json(data_directory).get("splits", [])
               if isinstance(s, dict)}
     for split in split_names:
         next_index = len(splits.get(split, {}).get("shardLengths", []))
-        path = files.shard_path(data_directory, name, split, suffix, _SHARD_TEMPLATE, next_index)
-        try:
-            found = os.lstat(path)
-        except FileNotFoundError:
-            continue
-        if not stat.S_ISREG(found.st_mode) or found.st_nlink != 1:
-            raise ValueError(f"cannot append to {data_directory!r}: the next shard of split {split!r}, {path!r}, "
-                             f"is a {files.file_kind(found.st_mode)} with {found.st_nlink} link(s), and TFDS would "
-                             f"truncate it to write the shard, whatever else it is; move it out of the directory "
-                             f"first")
+        # The template ends with the shard index, written with 5 digits (or more past 99999).
+        prefix = files.shard_path(data_directory, name, split, suffix, _SHARD_TEMPLATE, 0)[:-len("00000")]
+        for path in sorted(glob.glob(f"{glob.escape(prefix)}*")):
+            index = path[len(prefix):]
+            if not index.isdigit() or int(index) < next_index:
+                continue
+            try:
+                found = os.lstat(path)
+            except FileNotFoundError:
+                continue
+            if not stat.S_ISREG(found.st_mode) or found.st_nlink != 1:
+                raise ValueError(f"cannot append to {data_directory!r}: {path!r}, shard {int(index)} of split "
+                                 f"{split!r} (this recorder writes shards from {next_index} on), is a "
+                                 f"{files.file_kind(found.st_mode)} with {found.st_nlink} link(s), and TFDS would "
+                                 f"truncate it to write that shard, whatever else it is; move it out of the "
+                                 f"directory first")
 
 
 def _remove_old_shards(data_directory: str, name: str, split_names: Sequence[str], file_format: str) -> None:
@@ -246,7 +255,6 @@ def _remove_old_shards(data_directory: str, name: str, split_names: Sequence[str
     Otherwise a crash early in the new recording would leave old shards after the new ones, and crash
     recovery (which lists complete records found past the metadata) could not tell them apart.
     """
-    import glob
     suffix = file_adapters.FileFormat(file_format).file_suffix
     for split in split_names:
         for path in glob.glob(os.path.join(glob.escape(data_directory), f"{glob.escape(name)}-{glob.escape(split)}"

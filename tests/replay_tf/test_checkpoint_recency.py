@@ -7,15 +7,20 @@ import os
 import re
 import shutil
 import signal
+import struct
+import threading
 import time
 import types
+import zlib
 
 import numpy as np
 import pytest
+from google.protobuf import wrappers_pb2
 
 import proc_testlib
 import replay_tf as reverb
 from replay_tf import checkpointing
+from replay_tf import cli
 
 
 def _table(name="t"):
@@ -58,6 +63,53 @@ def test_periodic_checkpoints_do_not_wait_for_the_stats_interval(tmp_path):
         assert restarted.stop(signal.SIGTERM) == 0
     finally:
         restarted.kill()
+
+
+@pytest.mark.parametrize("option, value", [
+    ("--checkpoint-interval", "0"), ("--checkpoint-interval", "-1"), ("--checkpoint-interval", "nan"),
+    ("--checkpoint-interval", "inf"), ("--stats-interval", "nan"), ("--stats-interval", "inf"),
+])
+def test_serve_refuses_an_interval_that_is_not_a_positive_number(tmp_path, monkeypatch, capsys, option, value):
+    # 0 would turn periodic checkpoints off, a negative one checkpoint without pause, NaN wake the loop without
+    # pause, and infinity overflow the wait.
+    monkeypatch.setattr(cli, "serve", lambda args: pytest.fail(f"serve ran with {option} {value}"))
+    argv = ["serve", "--config", str(tmp_path / "tables.json"), "--checkpoint-dir", str(tmp_path), option, value]
+    assert cli.main(argv) == 2
+    assert f"replay-tf serve: {option} ({float(value)}) must be a finite number > 0" in capsys.readouterr().err
+
+
+def test_a_periodic_checkpoint_the_checkpointer_refuses_is_reported_and_serving_goes_on(tmp_path, capsys):
+    root = str(tmp_path)
+    server = reverb.Server([_table()], checkpointer=checkpointing.DirectoryCheckpointer(root))
+    try:
+        planted = server.checkpoint()
+        with open(os.path.join(planted, "DONE"), "wb") as f:  # no later checkpoint can be numbered
+            payload = wrappers_pb2.Int64Value(value=2 ** 63 - 1).SerializeToString()
+            f.write(struct.pack("<QI", len(payload), zlib.crc32(payload)) + payload)
+        stop, errors = threading.Event(), []
+
+        def serve():
+            try:
+                cli.run_until_stopped(server, stop, stats_interval=3600, checkpoint_interval=0.05)
+            except BaseException as e:  # noqa: BLE001  (reported by the assertion below)
+                errors.append(e)
+
+        loop = threading.Thread(target=serve, daemon=True)
+        loop.start()
+        deadline, err = time.monotonic() + 30, ""
+        while err.count("checkpoint failed") < 2 and loop.is_alive():
+            assert time.monotonic() < deadline, f"no two failed checkpoints reported: {err!r}"
+            time.sleep(0.05)
+            err += capsys.readouterr().err
+        alive = loop.is_alive()
+        stop.set()
+        loop.join(30)
+    finally:
+        server.stop()
+    assert alive and not errors, errors
+    assert re.search(r"replay-tf: checkpoint failed, the previous checkpoint stays: CheckpointError: cannot number "
+                     r"a checkpoint after .*9223372036854775807", err), err
+    assert os.listdir(root) == [os.path.basename(planted)]
 
 
 # --- which checkpoint a restart restores ---

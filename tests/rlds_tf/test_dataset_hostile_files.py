@@ -12,8 +12,6 @@ import stat
 import struct
 import subprocess
 import sys
-import threading
-import time
 import zlib
 
 import numpy as np
@@ -22,11 +20,13 @@ import tensorflow as tf
 
 import rlds_tf as rlds
 from proc_testlib import ROOT
+from proc_testlib import without_hanging
 from rlds_dataset_testlib import SHARD
 from rlds_dataset_testlib import appending_writer
 from rlds_dataset_testlib import record_catch
 from rlds_tf import _stacked_decoding
 from rlds_tf import cli
+from rlds_tf.recording import Catch
 from rlds_tf.recording import _tfrecord_files
 from rlds_tf.recording import crash_recovery
 
@@ -95,7 +95,8 @@ def test_recovery_leaves_a_hard_linked_shard_alone(clean, tmp_path, capsys, capl
         assert f.read() == info_before        # nothing listed from the file left alone
     # An appending recorder would open the next shard with truncation: it refuses instead.
     if left_alone == SHARD.format(2):
-        with pytest.raises(ValueError, match=r"next shard of split 'train', .*00002', is a regular file with 2 link"):
+        with pytest.raises(ValueError, match=r"00002', shard 2 of split 'train' \(this recorder writes shards "
+                                             r"from 2 on\), is a regular file with 2 link"):
             appending_writer(directory)
         assert outside.read_bytes() == content
         assert not _tfrecord_files.writer_is_active(directory)
@@ -103,6 +104,27 @@ def test_recovery_leaves_a_hard_linked_shard_alone(clean, tmp_path, capsys, capl
     else:
         with pytest.raises(ValueError, match=rf"killed mid-write.*{message}"):
             rlds.load(directory, split="train")
+
+
+@pytest.mark.parametrize("plant", [os.symlink, os.link], ids=["symlink", "hard_link"])
+def test_an_appending_recorder_never_writes_through_a_later_shard(clean, tmp_path, plant):
+    """A link planted past the next shard: the appending recorder would reach it after one shard."""
+    directory = _copy(clean, tmp_path)
+    outside = tmp_path / "outside.txt"
+    outside.write_bytes(PRECIOUS)
+    plant(outside, os.path.join(directory, SHARD.format(3)))  # the recorder writes shard 2, then 3
+    kind = "symbolic link with 1 link" if plant is os.symlink else "regular file with 2 link"
+    with pytest.raises(ValueError, match=rf"cannot append to .*: '.*{SHARD.format(3)}', shard 3 of split 'train' "
+                                         rf"\(this recorder writes shards from 2 on\), is a {kind}"):
+        with rlds.EnvLogger(Catch(rows=4, seed=5), data_directory=directory, max_episodes_per_file=1,
+                            overwrite=False) as env:
+            for _ in range(2):
+                timestep = env.reset()
+                while not timestep.last():
+                    timestep = env.step(0)
+    assert outside.read_bytes() == PRECIOUS
+    assert not _tfrecord_files.writer_is_active(directory)
+    assert _num_episodes(directory) == 3
 
 
 def test_recovery_still_repairs_a_shard_with_one_link(clean, tmp_path):
@@ -118,34 +140,6 @@ def test_recovery_still_repairs_a_shard_with_one_link(clean, tmp_path):
 
 
 # --- nothing in a dataset is opened with a blocking open ---
-
-def _without_hanging(fn, fifo, timeout_s=60.0):
-    """Runs fn() in a thread; if it is still running after `timeout_s` it is blocked in open() of `fifo`: opening
-    the FIFO's other end releases it (so the suite goes on) and the test fails."""
-    result = {}
-
-    def target():
-        try:
-            result["value"] = fn()
-        except BaseException as e:  # noqa: BLE001  (re-raised in the test's thread)
-            result["error"] = e
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    thread.join(timeout_s)
-    hung = thread.is_alive()
-    deadline = time.monotonic() + 60
-    while thread.is_alive() and time.monotonic() < deadline:
-        try:
-            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # a reader blocked in open() now reads EOF
-        except OSError:
-            pass
-        thread.join(0.1)
-    assert not hung, f"{fn} blocked on the FIFO {fifo} for {timeout_s} s"
-    if "error" in result:
-        raise result["error"]
-    return result["value"]
-
 
 _FIFO_NAMES = [_tfrecord_files.LOCK_FILE, "dataset_info.json", "features.json", SHARD.format(1), SHARD.format(2)]
 
@@ -165,15 +159,15 @@ def test_a_fifo_in_a_dataset_is_refused_without_blocking(clean, tmp_path, capsys
     refused = rf"holds '{re.escape(name)}', a FIFO, not a regular file"
     for loader in (rlds.load, rlds.load_stacked):
         with pytest.raises(ValueError, match=refused):
-            _without_hanging(lambda: loader(directory, split="train"), fifo)
-    assert _without_hanging(lambda: cli.main(["info", directory]), fifo) == 1
+            without_hanging(lambda: loader(directory, split="train"), fifo)
+    assert without_hanging(lambda: cli.main(["info", directory]), fifo) == 1
     assert re.search(refused, capsys.readouterr().err)
 
 
 @pytest.mark.parametrize("name", _FIFO_NAMES)
 def test_recover_and_the_recorder_never_block_on_a_fifo(clean, tmp_path, capsys, name):
     directory, fifo = _plant_fifo(clean, tmp_path, name)
-    code = _without_hanging(lambda: cli.main(["recover", directory]), fifo)
+    code = without_hanging(lambda: cli.main(["recover", directory]), fifo)
     if name == "features.json":   # recovery never reads it
         assert code == 0
     else:
@@ -181,10 +175,10 @@ def test_recover_and_the_recorder_never_block_on_a_fifo(clean, tmp_path, capsys,
         assert re.search(rf"{re.escape(name)}'.* is a FIFO, not a regular file", capsys.readouterr().err)
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
     if name == "features.json":   # the recorder never reads it: it writes a new one in its place
-        _without_hanging(lambda: appending_writer(directory).close(), fifo)
+        without_hanging(lambda: appending_writer(directory).close(), fifo)
         return
     with pytest.raises(ValueError, match="not a regular file"):
-        _without_hanging(lambda: appending_writer(directory), fifo)
+        without_hanging(lambda: appending_writer(directory), fifo)
 
 
 # --- a zlib bomb is never inflated past the declared shape ---

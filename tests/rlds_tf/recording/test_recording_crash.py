@@ -74,11 +74,19 @@ def test_kill_9_keeps_every_completed_episode(tmp_path, min_episodes, extra_dela
     proc = subprocess.Popen([sys.executable, "-c", _RECORDER, directory], env=env, cwd=_ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     reported = []  # completed episodes as the recorder counts them, read as it prints them
-    reader = threading.Thread(target=lambda: reported.extend(int(line) for line in proc.stdout if line.strip().isdigit()), daemon=True)
+
+    def read_reports():
+        for line in proc.stdout:
+            if line.strip().isdigit():
+                reported.append(int(line))
+
+    reader = threading.Thread(target=read_reports, daemon=True)
     reader.start()
     try:
         deadline = time.time() + 120
-        while _listed_episodes(directory) < min_episodes:
+        # Waits for the recorder's own report, not for the listing: an episode is listed before `step()`
+        # returns and so before it is reported, and a kill in between keeps one episode more than reported.
+        while len(reported) < min_episodes:
             assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
             assert time.time() < deadline, "the recorder did not write episodes in time"
             time.sleep(0.002)

@@ -129,8 +129,10 @@ def main(argv: list[str] | None = None, stored_dir: pathlib.Path | None = None) 
     parser.add_argument("suites", nargs="*", help="suites to compare (default: every stored suite)")
     parser.add_argument("--fresh", type=pathlib.Path, default=None,
                         help="a folder of fresh <suite>.json results to compare instead of rerunning")
+    parser.add_argument("--stored", type=pathlib.Path, default=None,
+                        help=f"the results to compare against (default: {_harness.RESULTS_DIR})")
     args = parser.parse_args(argv)
-    stored_dir = pathlib.Path(stored_dir or _harness.RESULTS_DIR)
+    stored_dir = pathlib.Path(args.stored or stored_dir or _harness.RESULTS_DIR)
     suites = args.suites or stored_suites(stored_dir)
     unknown = [s for s in suites if load_suite(stored_dir, s) is None]
     if unknown:

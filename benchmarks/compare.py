@@ -6,8 +6,9 @@ are, and compares each row's ratio (ours against the peer, as `benchmarks/result
 it) with the stored one. `--fresh DIR` compares the results of a run already made (its `<suite>.json`
 files) instead of rerunning. A row is listed when its ratio fell by more than the suite's run-to-run
 spread (`SPREADS`: how far the ratios of unchanged code move between runs on the shared hosts; rows
-measured in rounds widen it to their rounds' range), with the command that reruns its suite. The exit
-status is 1 when a row is listed, so a check can fail on it.
+measured in rounds widen it to their rounds' range), with the command that reruns its suite, and a
+note when most of its suite fell with it (the suite's median change, `bound:` rows included: a loaded
+host rather than the code). The exit status is 1 when a row is listed, so a check can fail on it.
 
 A row may get slower on purpose only with its reason and measured cost in `docs/benchmarks.md`; the
 stored results are then refreshed with `python -m benchmarks.run SUITE`.
@@ -18,6 +19,7 @@ import argparse
 import importlib
 import json
 import pathlib
+import statistics
 import sys
 import tempfile
 from typing import Iterable
@@ -83,7 +85,7 @@ def regressions(suite: str, stored: dict, fresh: dict) -> list[dict]:
     Rows without a ratio on either side (a peer not installed) are not compared.
     """
     fresh_rows = {_key(row): row for row in fresh.get("rows", [])}
-    found = []
+    changes = []
     for row in stored.get("rows", []):
         new = fresh_rows.get(_key(row))
         before, after = row.get("ratio"), (new or {}).get("ratio")
@@ -91,10 +93,17 @@ def regressions(suite: str, stored: dict, fresh: dict) -> list[dict]:
             continue
         # Relative change in the direction where positive is better.
         change = after / before - 1 if _higher_is_better(row) else before / after - 1
+        changes.append((row, before, after, change))
+    # The suite's median change: when most rows (its `bound:` rows too) fell together, the host was
+    # slower for our side than when the results were stored, which each listed row then says.
+    median = statistics.median(c for *_, c in changes) if changes else 0.0
+    found = []
+    for row, before, after, change in changes:
         spread = _spread(suite, stored, row)
         if change < -spread:
             found.append({"suite": suite, "workload": row["workload"], "peer_name": row.get("peer_name", ""),
-                          "stored": before, "fresh": after, "change": change, "spread": spread})
+                          "stored": before, "fresh": after, "change": change, "spread": spread,
+                          "with_suite": change - median >= -spread, "suite_median": median})
     return found
 
 
@@ -120,7 +129,9 @@ def render(found: list[dict], compared: list[str], missing: list[str], stored_di
     for r in found:
         lines.append(f"  [{r['suite']}] {r['workload']} (vs {r['peer_name']}): {r['stored']:.2f}x -> "
                      f"{r['fresh']:.2f}x ({100 * r['change']:+.0f}%, spread {100 * r['spread']:.0f}%); "
-                     f"rerun: python -m benchmarks.run {r['suite']}")
+                     f"rerun: python -m benchmarks.run {r['suite']}"
+                     + (f" (the suite's rows fell by {-100 * r['suite_median']:.0f}% at the median: a slower host "
+                        f"for this side, or a change to all of them)" if r["with_suite"] else ""))
     return "\n".join(lines)
 
 

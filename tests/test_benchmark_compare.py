@@ -89,3 +89,12 @@ def test_an_unknown_suite_is_refused_with_the_stored_ones(tmp_path):
     _write(tmp_path / "stored", "buffers", STORED)
     with pytest.raises(SystemExit):
         compare.main(["nosuch", "--fresh", str(tmp_path)], stored_dir=tmp_path / "stored")
+
+
+def test_rows_that_fell_with_their_whole_suite_say_so():
+    stored = {"rows": [_row(f"w{i}", 200.0, 100.0) for i in range(4)] + [_row("x", 200.0, 100.0)]}
+    fresh = {"rows": [_row(f"w{i}", 100.0, 100.0) for i in range(4)] + [_row("x", 40.0, 100.0)]}
+    found = {r["workload"]: r for r in compare.regressions("patterns", stored, fresh)}
+    assert set(found) == {"w0", "w1", "w2", "w3", "x"}
+    assert found["w0"]["with_suite"] and found["w0"]["suite_median"] == pytest.approx(-0.5)
+    assert not found["x"]["with_suite"]      # -80% against the suite's -50%: beyond the spread

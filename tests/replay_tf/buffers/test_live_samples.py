@@ -83,8 +83,8 @@ def _cpu_us_per_element(dataset, seconds=0.6):
 def test_the_per_element_check_costs_a_fraction_of_the_chunked_draws():
     # Side by side, alternated: the live pipeline against the chunked draws unbatched with no check
     # (each element then reflects its chunk's snapshot). The check adds one small inline function call
-    # per element (about as much CPU again as the draws and the batching); a check through the default
-    # executor or fused into the batch costs 8-10 times the draws.
+    # per element; through the default executor, or fused into the batch, it would cost several times
+    # the draws (docs/benchmarks.md, buffers).
     rb = _full_small_buffer()
     draw = rb._get_next_fn_for_dataset(_execution.UNBATCHED_CHUNK, None)
     ratios = []

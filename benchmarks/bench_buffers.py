@@ -66,6 +66,8 @@ def run_workloads(RB, results, prioritized=None):
         results["as_dataset_256_small"] = best_rate(lambda: (next(ds), SAMPLE)[1])
         ds = iter(rb.as_dataset().batch(SAMPLE).prefetch(4))
         results["as_dataset_unbatched_small"] = best_rate(lambda: (next(ds), SAMPLE)[1], repeats=2)
+        ds = iter(rb.as_dataset(num_parallel_calls=tf.data.AUTOTUNE).batch(SAMPLE).prefetch(tf.data.AUTOTUNE))
+        results["as_dataset_unbatched_autotune_small"] = best_rate(lambda: (next(ds), SAMPLE)[1], repeats=2)
         del ds
     results["get_next_small"] = best_rate(lambda: (rb.get_next(SAMPLE, STEPS), SAMPLE)[1])
     del rb
@@ -103,6 +105,15 @@ def run_traced_workloads(RB, results, prioritized=None, jit_loop=True, bounds=Fa
                                                 num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE))
         results["as_dataset_256x2_autotune_small_no_work"] = best_rate(lambda: (next(ds), SAMPLE)[1])
         del ds
+        # The unbatched as_dataset's chunked draws, unbatched with no per-element check against the live
+        # buffer (each element then reflects its chunk's snapshot): what the check is measured against.
+        draw = rb._get_next_fn_for_dataset(128, None)
+        for key, calls in (("as_dataset_unbatched_small_chunks_alone", None),
+                           ("as_dataset_unbatched_autotune_small_chunks_alone", tf.data.AUTOTUNE)):
+            ds = iter(tf.data.Dataset.counter().map(draw, num_parallel_calls=calls).unbatch().batch(SAMPLE)
+                      .prefetch(tf.data.AUTOTUNE))
+            results[key] = best_rate(lambda: (next(ds), SAMPLE)[1], repeats=2)
+            del ds
     if jit_loop:
         def collect_loop(adds):  # a tf.while_loop of `adds` add_batch calls, as flashbax's fori_loop
             @tf.function(jit_compile=True, autograph=False)
@@ -441,6 +452,15 @@ def main() -> None:
         "tf_function_get_next_atari", "samples/s",
         {"tf_function_get_next_atari": fbx.get("get_next_atari_prioritized")}, "flashbax prioritized (real)")
     row("as_dataset().batch(256) small spec", "as_dataset_unbatched_small", "samples/s", peer, "tf-agents")
+    row("bound: its chunked draws alone, unbatched, no per-element check against the live buffer",
+        "as_dataset_unbatched_small_chunks_alone", "samples/s",
+        {"as_dataset_unbatched_small_chunks_alone": peer.get("as_dataset_unbatched_small")}, "tf-agents (real)")
+    row("as_dataset(num_parallel_calls=AUTOTUNE).batch(256) small spec", "as_dataset_unbatched_autotune_small",
+        "samples/s", peer, "tf-agents")
+    row("bound: its chunked draws alone (AUTOTUNE), no per-element check against the live buffer",
+        "as_dataset_unbatched_autotune_small_chunks_alone", "samples/s",
+        {"as_dataset_unbatched_autotune_small_chunks_alone": peer.get("as_dataset_unbatched_autotune_small")},
+        "tf-agents (real)")
     two_frames = STEPS * ATARI_BYTES
     rows.append({"workload": "get_next Atari sampled bytes (GB/s)",
                  "ours": ours.get("get_next_atari", 0) * two_frames / 1e9,

@@ -104,6 +104,19 @@ results['first_pass'] = first_pass_rate(
 # (unbatched: `shard(n, 0)` pulls the n transitions in the graph and returns one)
 results['first_pass_unbatched'] = first_pass_rate(
     lambda fn: rlds.transformations.pattern_map_from_transform(episodes, fn).shard(E * (T - 1), 0), pull_all)
+# The same first pass pulled one element at a time by a Python `for` loop, as a notebook or an eager
+# training loop iterates: unbatched transitions, and windows of two steps cut per episode in a flat_map.
+def pairs_per_episode(unused_fn):
+    return episodes.flat_map(lambda e: rlds.transformations.batch(e['steps'], size=2, shift=1, drop_remainder=True))
+results['first_pass_loop'] = first_pass_rate(
+    lambda fn: rlds.transformations.pattern_map_from_transform(episodes, fn), pull_all)
+results['first_pass_pairs_loop'] = first_pass_rate(pairs_per_episode, pull_all)
+# What bounds those: the loop over as many elements of the same structure already in memory (TensorFlow's
+# eager iterator and the conversion of each element to Python, with no pipeline behind it).
+def loop_rate(element):
+    return first_pass_rate(lambda unused_fn: tf.data.Dataset.from_tensors(element).repeat(E * (T - 1)), pull_all)
+results['loop_alone'] = loop_rate(next(iter(rlds.transformations.pattern_map_from_transform(episodes, transition))))
+results['pairs_loop_alone'] = loop_rate(next(iter(pairs_per_episode(None))))
 results['unbatched'], results['unbatched_cpu'] = steady_rate(
     rlds.transformations.pattern_map_from_transform(episodes, transition).shard(E * (T - 1), 0), next, E * (T - 1))
 results['transitions'], results['transitions_cpu'] = steady_rate(transitions, batches, E * (T - 1))
@@ -180,6 +193,14 @@ def main() -> None:
                         "first_pass_no_work", "first_pass", " (real)"),
         transitions_row("pattern_map_from_transform(transition) unbatched, first pass including setup",
                         "first_pass_unbatched"),
+        transitions_row("pattern_map_from_transform(transition) unbatched, first pass, each element pulled by a "
+                        "Python for loop", "first_pass_loop"),
+        transitions_row("bound: a Python for loop over as many elements of that structure in memory "
+                        "(from_tensors.repeat)", "loop_alone", "first_pass_loop", " (real)"),
+        transitions_row("episodes.flat_map(transformations.batch(steps, size=2, shift=1, drop_remainder=True)), "
+                        "first pass, Python for loop", "first_pass_pairs_loop", peer_note=" (rlds sliding window)"),
+        transitions_row("bound: a Python for loop over as many 2-step windows in memory (from_tensors.repeat)",
+                        "pairs_loop_alone", "first_pass_pairs_loop", " (rlds sliding window, real)"),
         transitions_row("pattern_map_from_transform(transition) unbatched, steady state", "unbatched"),
         {"workload": "bound: reading the nested steps into blocks, against the unbatched rate",
          "ours": ours["read_nested_blocks"], "peer": theirs and theirs["unbatched"],

@@ -33,6 +33,7 @@ import tensorflow as tf
 
 from replay_tf import specs
 from replay_tf.buffers import _execution
+from replay_tf.buffers import _live_samples
 from replay_tf.buffers import _ring
 from replay_tf.buffers import replay_buffer
 
@@ -45,6 +46,9 @@ probabilities: the probability with which each sample was drawn (`[B]`).
 
 # TF-Agents' error text (InvalidArgumentError when the op runs), which code written for it matches on.
 _EMPTY_READ_MESSAGE = "TFUniformReplayBuffer is empty. Make sure to add items before asking the buffer for data."
+
+# The mark of a chunk's first sample in the unbatched `as_dataset()`: never a `last_id` (those are >= -1).
+_KEEP_ANYWAY = -2
 
 
 def end_of_episode_from_step_type(items) -> tf.Tensor:
@@ -329,8 +333,8 @@ class UniformReplayBuffer(replay_buffer.ReplayBuffer):
         `_execution.UNBATCHED_CHUNK` at a time while the buffer does not change, which keeps
         `.batch(256)` after it fast; a chunk is redrawn as soon as an add or a clear has moved `last_id`,
         so each element (and its probability) reflects the buffer when it is produced, as in TF-Agents.
-        That check is a tf.data function call per element; `as_dataset(sample_batch_size=N)` draws whole
-        batches without it, and is the fast way to sample batches.
+        That check is a small tf.data function call per element; `as_dataset(sample_batch_size=N)` draws
+        whole batches without it.
 
         `single_deterministic_pass=True`: every stored step once, segment by segment in time order (with
         `sample_batch_size`, `sample_batch_size` segments side by side), windowed by `num_steps` with
@@ -362,41 +366,32 @@ class UniformReplayBuffer(replay_buffer.ReplayBuffer):
     def _unbatched_dataset(self, num_steps, num_parallel_calls):
         """Single samples that each reflect the live buffer, drawn `_execution.UNBATCHED_CHUNK` at a time.
 
-        Every sample of a chunk carries the `last_id` the chunk was drawn at; when a sample is produced,
-        one whose chunk predates the current `last_id` (an add or a clear since the draw) is dropped, so
-        the rest of that chunk is skipped and a new one drawn. Each element is then a uniform draw over
-        the buffer as it is when the element is produced, with that moment's probability (as TF-Agents'
-        one `get_next` per element); a static buffer pays one draw per chunk and two small per-element
-        functions (the check, and dropping the carried fields). The first sample of a chunk is always
-        kept, so a writer adding faster than chunks are drawn cannot starve the reader. With
+        Every sample of a chunk is marked with the `last_id` the chunk was drawn at; when a sample is
+        produced, one whose chunk predates the current `last_id` (an add or a clear since the draw) is
+        dropped, so the rest of that chunk is skipped and a new one drawn. Each element is then a uniform
+        draw over the buffer as it is when the element is produced, with that moment's probability (as
+        TF-Agents' one `get_next` per element); a static buffer pays one draw per chunk and one small
+        check per element (`_live_samples`). The first sample of a chunk is marked to be kept whatever
+        `last_id` is, so a writer adding faster than chunks are drawn cannot starve the reader. With
         `num_parallel_calls`, chunks are drawn ahead, as TF-Agents' samples are. (A `clear()` followed
-        by exactly as many adds as the chunk had seen restores its
-        `last_id`; the rest of that chunk is then served from before the clear.)
+        by exactly as many adds as the chunk had seen restores its `last_id`; the rest of that chunk is
+        then served from before the clear.)
         """
         size = _execution.UNBATCHED_CHUNK
         draw = self._get_next_fn_for_dataset(size, num_steps)
         last_id = self._state.last_id
 
-        def read_last_id():
-            with tf.device(self._device):
-                return last_id.read_value()
-
         def chunk(i):
-            drawn_at = read_last_id()  # read first: a later add makes the chunk stale, never fresh
-            data, info = draw(i)
-            return data, info, tf.fill([size], drawn_at), tf.range(size)
+            with tf.device(self._device):
+                drawn_at = last_id.read_value()  # read first: a later add makes the chunk stale, never fresh
+            # `_KEEP_ANYWAY` (below any last_id) marks the chunk's first sample.
+            marks = tf.concat([tf.constant([_KEEP_ANYWAY], tf.int64), tf.fill([size - 1], drawn_at)], 0)
+            return draw(i), marks
 
-        def live(data, info, drawn_at, position):
-            return tf.logical_or(tf.equal(position, 0), tf.equal(drawn_at, read_last_id()))
+        def is_live(mark):
+            return tf.logical_or(tf.equal(mark, _KEEP_ANYWAY), tf.equal(mark, last_id.read_value()))
 
-        def strip(data, info, drawn_at, position):
-            # Reads the variable only to be a stateful function: tf.data's `map_parallelization` runs
-            # stateless maps ahead of `next`, which would apply the check above too early.
-            with tf.control_dependencies([read_last_id()]):
-                return tf.nest.map_structure(tf.identity, (data, info))
-
-        chunks = tf.data.Dataset.counter().map(chunk, num_parallel_calls=num_parallel_calls)
-        return chunks.unbatch().filter(live).map(strip)
+        return _live_samples.live_samples(chunk, is_live, num_parallel_calls)
 
     def _get_next_fn_for_dataset(self, sample_batch_size, num_steps):
         def fn(_):

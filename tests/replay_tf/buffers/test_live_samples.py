@@ -1,19 +1,16 @@
-"""The unbatched `as_dataset()`: each sample checked against the live buffer, at a few us per element.
+"""The unbatched `as_dataset()`: each sample checked against the live buffer by one cheap call per element.
 
 The check is one tf.data function call per element; these tests pin what keeps that call cheap (it runs
 on the calling thread, nothing per element goes through the default executor, no map is left for
-`map_and_batch_fusion` to fuse with the caller's `.batch`) and compare its CPU cost with the chunked
-draws alone, measured side by side in this process.
+`map_and_batch_fusion` to fuse with the caller's `.batch`). Its cost against the chunked draws alone is a
+row of the buffers benchmark (`benchmarks/bench_buffers.py`), guarded by `benchmarks.compare`.
 """
-import time
 
-import numpy as np
 import pytest
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 
 import replay_tf
-from replay_tf.buffers import _execution
 from replay_tf.buffers import _live_samples
 
 SMALL = (tf.TensorSpec([3], tf.float32, "action"),
@@ -68,31 +65,6 @@ def test_per_element_stages_run_inline_and_end_without_a_map(num_parallel_calls)
             assert {n.op for n in predicate.node_def} <= {"Identity"}
     # A map last would be fused with a following `.batch(n)` into a parallel map-and-batch.
     assert stages[-1].op != "MapDataset"
-
-
-def _cpu_us_per_element(dataset, seconds=0.6):
-    iterator = iter(dataset.batch(256).prefetch(tf.data.AUTOTUNE))
-    next(iterator)
-    count, start, cpu = 0, time.perf_counter(), time.process_time()
-    while time.perf_counter() - start < seconds:
-        next(iterator)
-        count += 256
-    return (time.process_time() - cpu) / count * 1e6
-
-
-def test_the_per_element_check_costs_a_fraction_of_the_chunked_draws():
-    # Side by side, alternated: the live pipeline against the chunked draws unbatched with no check
-    # (each element then reflects its chunk's snapshot). The check adds one small inline function call
-    # per element; through the default executor, or fused into the batch, it would cost several times
-    # the draws (docs/benchmarks.md, buffers).
-    rb = _full_small_buffer()
-    draw = rb._get_next_fn_for_dataset(_execution.UNBATCHED_CHUNK, None)
-    ratios = []
-    for _ in range(3):
-        live = _cpu_us_per_element(rb.as_dataset())
-        chunked = _cpu_us_per_element(tf.data.Dataset.counter().map(draw).unbatch())
-        ratios.append(live / chunked)
-    assert np.median(ratios) < 4.0, ratios
 
 
 def test_without_force_synchronous_the_stateful_strip_keeps_elements_live(monkeypatch):

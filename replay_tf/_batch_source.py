@@ -17,7 +17,7 @@ logs each of those with its Python traceback, also when tf.data's prefetching th
 reads the element: a server stopped under open iterators would print one traceback per iterator. So
 `CancelledError` (its table closed: the server stopped) ends the generator's elements quietly instead, and
 the next element fails in the graph (`end_of_elements`): InvalidArgumentError with the error's type and
-message, logged by nobody.
+message, seen only by whoever reads that element.
 
 Each iterator's generator is opened and closed by `iterator_keys`, which differs from `from_generator` in
 one respect: an iterator destroyed while the interpreter finalizes (one still open at exit) does not call

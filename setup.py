@@ -36,6 +36,11 @@ setuptools.setup(
         "dm-env",
         "grpcio>=1.60",
         "protobuf>=4.25",
+        # etils 1.14 needs Python 3.11. pip 23.0.1 (what a Python 3.10 venv comes with) picks it through
+        # tensorflow-datasets' `etils[...]` extras before reading its Requires-Python, and then, unable to
+        # backjump, backtracks through every package picked since (pyarrow, simple_parsing, ... down to
+        # sdists that build numpy 1.19 from source). Said here, the first etils it picks fits.
+        "etils<1.14; python_version < '3.11'",
         "cramjam>=2.7",
     ],
     extras_require={

@@ -12,22 +12,39 @@ A generator that can build that packed array more cheaply than from its columns 
 packed, see `_packed_rows`) may yield it instead of the flat list (see `packed_row_bytes`).
 
 Exceptions in the generator reach the iterator as `numpy_function` maps them (ValueError and TypeError as
-InvalidArgumentError, others as UnknownError), which is also how `from_generator` maps them.
+InvalidArgumentError, others as UnknownError), which is also how `from_generator` maps them. TensorFlow
+logs each of those with its Python traceback, also when tf.data's prefetching thread met it and nobody
+reads the element: a server stopped under open iterators would print one traceback per iterator. So
+`CancelledError` (its table closed: the server stopped) ends the generator's elements quietly instead, and
+the next element fails in the graph (`end_of_elements`): InvalidArgumentError with the error's type and
+message, seen only by whoever reads that element.
+
+Each iterator's generator is opened and closed by `iterator_keys`, which differs from `from_generator` in
+one respect: an iterator destroyed while the interpreter finalizes (one still open at exit) does not call
+Python to close its generator, which TensorFlow cannot do any more and logs as an error.
 """
 from __future__ import annotations
 
 import itertools
-from typing import Any, Callable, Optional
+import threading
+from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 import tensorflow as tf
 import tree
+# (a per-iterator finalizer that can skip Python is not part of the public tf.data API)
+from tensorflow.python.data.ops import from_generator_op
 
+from replay_tf import _generator_exit
 from replay_tf import _thread_states
+from replay_tf import errors
 
-# The generators of live iterators, by key (each iterator's `from_generator` holds its key).
+# The generators of live iterators, by key (each iterator's `iterator_keys` holds its key).
 _SOURCES: dict = {}
 _KEYS = itertools.count()
+# Key -> "Type: message" of the quiet error that ended the generator's elements (see `end_of_elements`).
+_ENDED_BY: dict = {}
+QUIET_ERRORS = (errors.CancelledError,)
 
 
 def batches(make_generator: Callable, args: tuple, element_spec: Any,
@@ -49,12 +66,17 @@ def batches(make_generator: Callable, args: tuple, element_spec: Any,
             yield np.int64(key)
         finally:
             _SOURCES.pop(key, None)
+            _ENDED_BY.pop(key, None)
             generator.close()
 
     def next_element(key: np.ndarray) -> list:
         _thread_states.keep()  # (the next call on this tf.data thread reuses its Python thread state)
         generator = _SOURCES.get(int(key))
-        element = None if generator is None else next(generator, None)
+        try:
+            element = None if generator is None else next(generator, None)
+        except QUIET_ERRORS as e:
+            _ENDED_BY[int(key)] = f"{type(e).__name__}: {e}"
+            element = None
         if element is None:
             raise StopIteration  # (OutOfRange: the end of the iteration, see `per_iterator`)
         if packing is None:
@@ -76,15 +98,137 @@ def batches(make_generator: Callable, args: tuple, element_spec: Any,
             value.set_shape(spec.shape)
         return tree.unflatten_as(element_spec, values)
 
+    def ended_by(key: np.ndarray) -> Optional[str]:
+        return _ENDED_BY.pop(int(key), None)
+
+    end = end_of_elements(ended_by, element_spec)
+
     @tf.autograph.experimental.do_not_convert
     def per_iterator(key: tf.Tensor) -> tf.data.Dataset:
         # The v1 `map` ends the iteration where its function raises OutOfRange (the v2 `map` keeps its
         # input's cardinality and raises instead), so no per-element predicate is needed.
-        return tf.compat.v1.data.Dataset.from_tensors(key).repeat().map(read)
+        return (tf.compat.v1.data.Dataset.from_tensors(key).repeat().map(read)
+                .concatenate(tf.compat.v1.data.Dataset.from_tensors(key).map(end)))  # (a quiet error, or none)
 
-    keys = tf.data.Dataset.from_generator(lambda *generator_args: wrap(start(*generator_args)),
-                                          output_signature=tf.TensorSpec([], tf.int64), args=args)
+    keys = iterator_keys(lambda *generator_args: wrap(start(*generator_args)), args)
     return keys.flat_map(per_iterator)
+
+
+def end_of_elements(ended_by: Callable[[np.ndarray], Optional[str]], element_spec: Any) -> Callable:
+    """A graph function `key -> element` for after an iterator's last element: `ended_by(key)` (called in
+    Python) returns None for a normal end (no element: the function raises OutOfRange), or the message of
+    the error that ended the elements, raised as InvalidArgumentError by a failing assert. Unlike an
+    exception raised in a `numpy_function`, which TensorFlow logs with its traceback wherever it happens
+    (tf.data's prefetching threads too), a failed assert is only raised to whoever reads the element."""
+    flat_specs = tree.flatten(element_spec)
+
+    def message(key: np.ndarray) -> np.ndarray:
+        text = ended_by(key)
+        if text is None:
+            raise StopIteration
+        return np.array(text.encode("utf-8"), dtype=object)
+
+    @tf.autograph.experimental.do_not_convert
+    def end(key: tf.Tensor):
+        text = tf.numpy_function(message, [key], tf.string, stateful=True)
+        check = tf.debugging.Assert(tf.equal(text, ""), [text])  # (never true: fails with the message)
+        with tf.control_dependencies([check]):  # (an element of the spec's structure, never returned)
+            return tree.unflatten_as(element_spec, [
+                tf.zeros([0] if spec.shape.rank is None else [d or 0 for d in spec.shape.as_list()], spec.dtype)
+                for spec in flat_specs])
+
+    return end
+
+
+def iterator_keys(start: Callable[..., Iterator], args: tuple = ()) -> tf.data.Dataset:
+    """The int64 scalars that `start(*args)` yields, a new generator for each iterator (closed with it), as
+    `tf.data.Dataset.from_generator(start, args=args, ...)` gives them (`args` reach `start` as numpy
+    values: bytes for strings).
+
+    Unlike `from_generator`'s, an iterator destroyed while the interpreter finalizes does not call Python:
+    TensorFlow cannot, and would log "Error occurred when finalizing GeneratorDataset iterator" for every
+    iterator still open at exit. Once the generators of `_generator_exit` have been ended at exit, a flag
+    kept by TensorFlow (`_exit_flag`) tells the finalizer to skip the call. (Not in TF1 graphs, which cannot
+    capture the flag: their iterators end with their session.)
+    """
+    with tf.init_scope():
+        exiting = _exit_flag() if tf.executing_eagerly() else None
+    generators: dict = {}
+    ids = itertools.count()
+
+    def open_generator(*values) -> np.int64:
+        iterator_id = next(ids)
+        generators[iterator_id] = start(*values)
+        return np.int64(iterator_id)
+
+    def next_key(iterator_id: np.ndarray) -> np.int64:
+        generator = generators.get(int(iterator_id))
+        value = None if generator is None else next(generator, None)
+        if value is None:
+            raise StopIteration
+        return np.int64(value)
+
+    def close_generator(iterator_id: np.ndarray) -> np.int64:
+        generator = generators.pop(int(iterator_id), None)
+        if generator is not None:
+            generator.close()
+        return np.int64(0)
+
+    @tf.autograph.experimental.do_not_convert
+    def init_fn(*values):
+        return tf.numpy_function(open_generator, list(values[1:]), tf.int64, stateful=True)
+
+    @tf.autograph.experimental.do_not_convert
+    def next_fn(iterator_id):
+        key = tf.numpy_function(next_key, [iterator_id], tf.int64, stateful=True)
+        key.set_shape([])
+        return key
+
+    @tf.autograph.experimental.do_not_convert
+    def finalize_fn(iterator_id):
+        def close():
+            return tf.numpy_function(close_generator, [iterator_id], tf.int64, stateful=True)
+
+        if exiting is None:
+            return close()
+        return tf.cond(tf.raw_ops.ReadVariableOp(resource=exiting, dtype=tf.bool),
+                       lambda: tf.constant(0, tf.int64), close)
+
+    @tf.autograph.experimental.do_not_convert
+    def per_iterator(*values):
+        # (a new generator dataset per iteration of the one-element dataset, as `from_generator` builds it)
+        return from_generator_op._GeneratorDataset(values, init_fn, next_fn, finalize_fn,
+                                                   tf.TensorSpec([], tf.int64))
+
+    init_args = (tf.constant(0, tf.int64),) + tuple(tf.convert_to_tensor(a) for a in args)
+    return tf.data.Dataset.from_tensors(init_args).flat_map(per_iterator)
+
+
+_EXIT_FLAG: list = []
+_EXIT_FLAG_LOCK = threading.Lock()
+
+
+def _exit_flag() -> tf.Tensor:
+    """The handle of a bool variable, True once the interpreter exits (after `_generator_exit` ended the
+    generators); call it eagerly. Made as a named resource, not a `tf.Variable`: it stays while TensorFlow
+    runs, whatever Python objects the interpreter has torn down, so finalizers can read it then."""
+    with _EXIT_FLAG_LOCK:
+        if _EXIT_FLAG:
+            return _EXIT_FLAG[0]
+        with tf.device("/cpu:0"):
+            handle = tf.raw_ops.VarHandleOp(dtype=tf.bool, shape=[], container="",
+                                            shared_name="replay_tf_batch_source_exiting")
+            tf.raw_ops.AssignVariableOp(resource=handle, value=False)
+        _EXIT_FLAG.append(handle)
+
+        def mark_exiting():
+            try:
+                tf.raw_ops.AssignVariableOp(resource=handle, value=True)
+            except Exception:  # noqa: BLE001  (TensorFlow already torn down: nothing to tell)
+                pass
+
+        _generator_exit._GENERATORS.after_stop.append(mark_exiting)
+        return handle
 
 
 # Elements of at most this many bytes per row travel as one packed array (see `_packing`).

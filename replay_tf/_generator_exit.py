@@ -25,6 +25,7 @@ class _Generators:
 
     def __init__(self):
         self.exiting = threading.Event()
+        self.after_stop: list = []  # callbacks run once the generators ended (see `stop_all`)
         self.live = 0      # generators started and not ended
         self.running = 0   # generators inside a call (not suspended at a yield)
         self.started = False
@@ -33,6 +34,13 @@ class _Generators:
 
     def stop_all(self) -> None:
         self.exiting.set()
+        try:
+            self._wait_ended()
+        finally:
+            for callback in self.after_stop:
+                callback()
+
+    def _wait_ended(self) -> None:
         deadline = time.monotonic() + self.TIMEOUT_S
         with self.cv:
             if not self.started:  # (no generator ever ran: nothing of tf.data's can be in Python)

@@ -25,7 +25,7 @@ built still runs and holds the same table, and no error ended the feeder, it rea
 otherwise (a server stopped and another started on that port, say) it reads through the per-iterator
 source, exactly as with `REPLAY_TF_SHARED_SAMPLES=0`, which turns this off. An error in the feeder (the
 server stopped, an item of another shape) closes the queue: the iterators reading it raise that error,
-with the type and message the per-iterator source raises (`numpy_function` maps both alike).
+with the type and message the per-iterator source raises (both go through `_batch_source`'s ends).
 """
 from __future__ import annotations
 
@@ -264,12 +264,15 @@ class SharedSamples:
         with tf.control_dependencies([token]):
             return batch[:size]
 
-    def finish(self, key: np.ndarray) -> np.ndarray:
-        """The end of an iterator's batches: raises the feeder's error, if any (else ends the iteration)."""
+    def ended_by(self, key: np.ndarray) -> Optional[str]:
+        """The end of an iterator's batches (see `_batch_source.end_of_elements`): raises the feeder's error
+        unless it is a quiet one (the server stopped), whose message it returns; None if there is none."""
         del key
-        if self.error is not None:
-            raise self.error.with_traceback(None)  # (raised by every reader: no traceback piling up)
-        raise StopIteration
+        if self.error is None:
+            return None
+        if isinstance(self.error, _batch_source.QUIET_ERRORS):
+            return f"{type(self.error).__name__}: {self.error}"
+        raise self.error.with_traceback(None)  # (raised by every reader: no traceback piling up)
 
 
 def dataset(server, address: str, table: str, request: int, packer, stack: Callable[[list], list],
@@ -302,10 +305,7 @@ def dataset(server, address: str, table: str, request: int, packer, stack: Calla
     def read(key):
         return tree.unflatten_as(element_spec, _batch_source._unpack(samples.read(key), flat_specs, packing))
 
-    @tf.autograph.experimental.do_not_convert
-    def finish(key):
-        return tree.unflatten_as(element_spec, _batch_source._unpack(
-            tf.numpy_function(samples.finish, [key], tf.uint8, stateful=True), flat_specs, packing))
+    finish = _batch_source.end_of_elements(samples.ended_by, element_spec)
 
     @tf.autograph.experimental.do_not_convert
     def per_iterator(key):
@@ -317,8 +317,7 @@ def dataset(server, address: str, table: str, request: int, packer, stack: Calla
         return shared.take(tf.where(key == _SHARED_SOURCE, everything, nothing)).concatenate(
             own_source.take(tf.where(key == _OWN_SOURCE, everything, nothing)))
 
-    keys = tf.data.Dataset.from_generator(lambda: _generator_exit.ending_at_exit(start()),
-                                          output_signature=tf.TensorSpec([], tf.int64))
+    keys = _batch_source.iterator_keys(lambda: _generator_exit.ending_at_exit(start()))
     batches = keys.flat_map(per_iterator)
     batches._shared_samples = samples  # (kept while the dataset is)
     return batches

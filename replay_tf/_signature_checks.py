@@ -21,9 +21,13 @@ def table_signature(server_address: str, table: str, timeout_secs: Optional[int]
 
     Raises:
       ValueError: The server has no such table, or the table no signature.
-      DeadlineExceededError: `timeout_secs` ran out.
+      DeadlineExceededError: `timeout_secs` (None or 0: the `timeout_ms` of `set_connection_options`, else
+        no limit) ran out.
     """
-    info = transport_lib.make_transport(server_address).server_info(timeout_secs or None)
+    if not timeout_secs:
+        timeout_ms = transport_lib.connection_timeout_ms(server_address)
+        timeout_secs = None if timeout_ms is None else timeout_ms / 1000.0
+    info = transport_lib.make_transport(server_address).server_info(timeout_secs)
     if table not in info:
         raise ValueError(f"Server at {server_address} does not contain any table named {table}. Found: "
                          f"{', '.join(sorted(info.keys()))}.")

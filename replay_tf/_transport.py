@@ -93,25 +93,30 @@ AUTH_TOKEN_ENV = "REPLAY_TF_AUTH_TOKEN"
 TLS_ROOT_CERTS_ENV = "REPLAY_TF_TLS_ROOT_CERTS"
 
 _connection_options_lock = threading.Lock()
-_connection_options: Dict[str, tuple] = {}
+_connection_options: Dict[str, tuple] = {}  # address -> (channel_credentials, auth_token, timeout_ms)
 
 
 def set_connection_options(server_address: str, *, channel_credentials=None,
-                           auth_token: Optional[str] = None) -> None:
-    """Sets how this process connects to `server_address`: TLS credentials and/or an auth token.
+                           auth_token: Optional[str] = None, timeout_ms: Optional[int] = None) -> None:
+    """Sets how this process connects to `server_address`: TLS credentials, an auth token and/or a timeout.
 
     Everything that connects by address uses them (`Client`, its writers, `TrajectoryDataset`,
     `make_reverb_dataset`, ...), so code written for Reverb reaches a protected server unchanged. Calling
-    it again replaces the options; passing neither clears them. Processes started later do not inherit
-    them: set them there too, or use the environment variables `REPLAY_TF_AUTH_TOKEN` and
+    it again replaces the options; passing none of them clears them. Processes started later do not
+    inherit them: set them there too, or use the environment variables `REPLAY_TF_AUTH_TOKEN` and
     `REPLAY_TF_TLS_ROOT_CERTS` (a PEM file of trusted roots), which apply to addresses without options.
-    In-process clients of a `Server` of this process need neither (see `Server`).
+    In-process clients of a `Server` of this process need none of them (see `Server`).
 
     Args:
       server_address: `host:port`, exactly as passed to `Client` or `TrajectoryDataset`.
       channel_credentials: `grpc.ChannelCredentials` (e.g. `grpc.ssl_channel_credentials(root_pem)`) for
         TLS; None for a plain connection.
       auth_token: Token sent as `authorization: Bearer <token>` call metadata; None for none.
+      timeout_ms: How long the calls that fetch the server's table information wait for an answer when
+        their own timeout is not given: `Client.server_info()`, the signature fetch of
+        `Client.trajectory_writer` (and `ShardedClient`'s) and `from_table_signature`. They raise
+        `DeadlineExceededError` naming the address, so a wrong address or a server that is down fails
+        instead of waiting. None (default): they wait for the server, as Reverb's do.
 
     >>> set_connection_options('replay.example.com:8000', auth_token='s3cret')
     >>> set_connection_options('replay.example.com:8000')  # cleared
@@ -119,11 +124,30 @@ def set_connection_options(server_address: str, *, channel_credentials=None,
     _addresses.split_address(server_address)  # ValueError for a malformed address
     if auth_token is not None and (not isinstance(auth_token, str) or not auth_token):
         raise ValueError(f"auth_token must be a non-empty str or None, got {type(auth_token).__name__}")
+    timeout_ms = checked_timeout_ms(timeout_ms, "timeout_ms")
     with _connection_options_lock:
-        if channel_credentials is None and auth_token is None:
+        if channel_credentials is None and auth_token is None and timeout_ms is None:
             _connection_options.pop(server_address, None)
         else:
-            _connection_options[server_address] = (channel_credentials, auth_token)
+            _connection_options[server_address] = (channel_credentials, auth_token, timeout_ms)
+
+
+def checked_timeout_ms(timeout_ms, name: str) -> Optional[int]:
+    """`timeout_ms` as an int (None stays None); TypeError/ValueError naming `name` unless it is > 0."""
+    if timeout_ms is None:
+        return None
+    if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, (int, float)):
+        raise TypeError(f"{name} must be a number of milliseconds or None, got {timeout_ms!r}")
+    if not timeout_ms > 0:
+        raise ValueError(f"{name} ({timeout_ms}) must be > 0, or None to wait for the server")
+    return int(timeout_ms)
+
+
+def connection_timeout_ms(server_address: str) -> Optional[int]:
+    """The `timeout_ms` of `set_connection_options` for `server_address` (None: not set)."""
+    with _connection_options_lock:
+        options = _connection_options.get(server_address)
+    return None if options is None else options[2]
 
 
 def _resolve_connection_options(server_address: str, channel_credentials, auth_token) -> tuple:
@@ -132,8 +156,8 @@ def _resolve_connection_options(server_address: str, channel_credentials, auth_t
         return channel_credentials, auth_token
     with _connection_options_lock:
         options = _connection_options.get(server_address)
-    if options is not None:
-        return options
+    if options is not None and (options[0] is not None or options[1] is not None):
+        return options[:2]
     token = os.environ.get(AUTH_TOKEN_ENV) or None
     roots_path = os.environ.get(TLS_ROOT_CERTS_ENV)
     credentials = None

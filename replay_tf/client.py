@@ -16,12 +16,14 @@ called directly: no serialization, no copies on insert), and otherwise the remot
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Dict, Iterator, List, Optional
 
 import numpy as np
 import tree
 
 from replay_tf import _transport as transport_lib
+from replay_tf import errors
 from replay_tf._leaves import leaf_array
 from replay_tf._transport import Transport
 from replay_tf._transport import set_connection_options  # noqa: F401  (a public name of this module)
@@ -43,14 +45,19 @@ class Client:
       auth_token: Keyword-only, an addition to Reverb: token of a server started with `auth_token`; default:
         `set_connection_options` or `REPLAY_TF_AUTH_TOKEN`. A refused call raises `ReverbError` naming
         gRPC status UNAUTHENTICATED.
+      timeout_ms: Keyword-only, an addition to Reverb: how long `server_info()` without a timeout and the
+        signature fetch of `trajectory_writer` wait for the server before raising `DeadlineExceededError`
+        (see `set_connection_options`, whose `timeout_ms` is the default); None: they wait.
 
-    A `Client` pickled for another process (multiprocessing) reconnects by address: explicit credentials
-    and tokens are not pickled; the other process finds them with `set_connection_options` or the
-    environment.
+    A `Client` pickled for another process (multiprocessing) reconnects by address (with its `timeout_ms`):
+    explicit credentials and tokens are not pickled; the other process finds them with
+    `set_connection_options` or the environment.
     """
 
-    def __init__(self, server_address: str, *, channel_credentials=None, auth_token: Optional[str] = None):
+    def __init__(self, server_address: str, *, channel_credentials=None, auth_token: Optional[str] = None,
+                 timeout_ms: Optional[int] = None):
         self._server_address = server_address
+        self._timeout_ms = transport_lib.checked_timeout_ms(timeout_ms, "timeout_ms")
         if channel_credentials is None and auth_token is None:
             self._transport = transport_lib.make_transport(server_address)
         else:
@@ -59,8 +66,10 @@ class Client:
         self._signature_cache: Dict[str, Any] = {}
 
     def __reduce__(self):
-        # Only the address: secrets are never pickled (see the class docstring).
-        return Client, (self._server_address,)
+        # The address and timeout only: secrets are never pickled (see the class docstring).
+        if self._timeout_ms is None:
+            return Client, (self._server_address,)
+        return functools.partial(Client, timeout_ms=self._timeout_ms), (self._server_address,)
 
     def __repr__(self) -> str:
         return f"Client(server_address={self._server_address!r})"
@@ -134,22 +143,56 @@ class Client:
         self._transport.reset(table)
 
     def server_info(self, timeout: Optional[int] = None) -> Dict[str, Any]:
-        """Table name -> `TableInfo`; `timeout` (seconds, None or 0 waits) raises `DeadlineExceededError`."""
-        info = self._transport.server_info(timeout or None)
+        """Table name -> `TableInfo`; `timeout` (seconds; None or 0: the client's `timeout_ms`, else waits)
+        raises `DeadlineExceededError`."""
+        if not timeout:
+            timeout_ms = self._default_timeout_ms()
+            timeout = None if timeout_ms is None else timeout_ms / 1000.0
+        info = self._transport.server_info(timeout)
         self._signature_cache = {name: table_info.signature for name, table_info in info.items()}
         return info
+
+    def _default_timeout_ms(self) -> Optional[int]:
+        if self._timeout_ms is not None:
+            return self._timeout_ms
+        return transport_lib.connection_timeout_ms(self._server_address)
 
     def checkpoint(self) -> str:
         """Checkpoints the server; returns the checkpoint's path."""
         return self._transport.checkpoint()
 
-    def trajectory_writer(self, num_keep_alive_refs: int, *, validate_items: bool = True):
-        """A `TrajectoryWriter` keeping the last `num_keep_alive_refs` steps of each column referable."""
+    def trajectory_writer(self, num_keep_alive_refs: int, *, validate_items: bool = True,
+                          get_signature_timeout_ms: Optional[int] = None):
+        """A `TrajectoryWriter` keeping the last `num_keep_alive_refs` steps of each column referable.
+
+        Args:
+          num_keep_alive_refs: How many recent steps of each column items may refer to (>= 1).
+          validate_items: Fetch the tables' signatures from the server now and check every item against
+            them in `create_item`.
+          get_signature_timeout_ms: How long fetching the signatures may wait for the server (Acme passes
+            it, as older Reverb releases took it); None: the client's `timeout_ms`, else no limit.
+
+        Raises:
+          DeadlineExceededError: The server did not answer within the timeout (the message names the
+            address: a wrong one, or a server that is not up).
+        """
         if num_keep_alive_refs < 1:
             raise ValueError(f"num_keep_alive_refs ({num_keep_alive_refs}) must be a positive integer")
-        signatures = self.server_info() if validate_items else None
+        timeout_ms = transport_lib.checked_timeout_ms(get_signature_timeout_ms, "get_signature_timeout_ms")
+        signatures = self._signatures_for_writer(timeout_ms) if validate_items else None
         return TrajectoryWriter(self._transport.open_insert_stream(), num_keep_alive_refs=num_keep_alive_refs,
                                 table_infos=signatures)
+
+    def _signatures_for_writer(self, timeout_ms: Optional[int]) -> Dict[str, Any]:
+        what = "get_signature_timeout_ms"
+        if timeout_ms is None:
+            timeout_ms, what = self._default_timeout_ms(), "timeout_ms"
+        try:
+            return self.server_info(None if timeout_ms is None else timeout_ms / 1000.0)
+        except errors.DeadlineExceededError as e:
+            raise errors.DeadlineExceededError(
+                f"trajectory_writer could not fetch the table signatures from the replay server at "
+                f"{self._server_address} within {what}={timeout_ms} ms: {e}") from e
 
     def writer(self, max_sequence_length: int, delta_encoded: bool = False, chunk_length: Optional[int] = None,
                max_in_flight_items: Optional[int] = 25):

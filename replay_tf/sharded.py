@@ -103,13 +103,15 @@ class ShardedClient:
         return lambda episode: int(route(writer_index, episode)) % n
 
     def trajectory_writer(self, num_keep_alive_refs: int, *, validate_items: bool = True,
-                          key: Any = None) -> "ShardedWriter":
+                          get_signature_timeout_ms: Optional[int] = None, key: Any = None) -> "ShardedWriter":
         """A `TrajectoryWriter` interface whose episodes go to the servers in turn (or, with `key`, to the
-        server of that key)."""
+        server of that key). Each server's writer is opened with its first episode, and fetching its
+        signatures waits at most `get_signature_timeout_ms` (see `Client.trajectory_writer`)."""
         if num_keep_alive_refs < 1:
             raise ValueError(f"num_keep_alive_refs ({num_keep_alive_refs}) must be a positive integer")
         return ShardedWriter(
-            lambda client: client.trajectory_writer(num_keep_alive_refs, validate_items=validate_items),
+            lambda client: client.trajectory_writer(num_keep_alive_refs, validate_items=validate_items,
+                                                    get_signature_timeout_ms=get_signature_timeout_ms),
             self._clients, self._router(key))
 
     def structured_writer(self, configs, *, key: Any = None) -> "ShardedWriter":

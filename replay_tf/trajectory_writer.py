@@ -237,6 +237,27 @@ def _tree_union(a: Any, b: Any) -> Any:
     raise ValueError(f"Cannot merge the appended structure {b} into the earlier structure {a}")
 
 
+def _column_count_error(table: str, entries: list, trajectory: Any, count: int) -> ValueError:
+    """The error for a trajectory of `count` columns where the table's signature (`entries`) has another
+    number, naming the columns that one has and the other lacks when the trajectory's paths say it."""
+    expected = [entry[0] for entry in entries]
+    got = ["/".join(str(p) for p in path) or "<root>" for path, _ in tree.flatten_with_path(trajectory)]
+    missing = [path for path in expected if path not in got]
+    unknown = [path for path in got if path not in expected]
+    def names(paths):
+        return f"column{'s' if len(paths) > 1 else ''} {', '.join(repr(p) for p in paths)}"
+
+    if missing and len(missing) < len(expected):  # the paths name columns: say which
+        detail = f"the trajectory has no {names(missing)}; "
+    elif unknown and len(unknown) < len(got):
+        detail = f"the table's signature has no {names(unknown)}; "
+    else:
+        detail = ""
+    return ValueError(f"Unable to create item in table '{table}' since the provided trajectory is inconsistent "
+                      f"with the table signature: {detail}the table expects {len(expected)} columns {expected} "
+                      f"but the trajectory has {count}: {got}")
+
+
 class TrajectoryWriter(FlushOnExitCloseOnDelete):
     """Reverb's `TrajectoryWriter` (create with `Client.trajectory_writer`).
 
@@ -443,6 +464,8 @@ class TrajectoryWriter(FlushOnExitCloseOnDelete):
         if math.isnan(priority):
             raise ValueError(f"priority must not be NaN (item for table '{table}')")
         entries = self._signature_for(table)
+        if entries is not None and len(entries) != len(flat):
+            raise _column_count_error(table, entries, trajectory, len(flat))
         columns = []
         episode_ids = set()
         final = True  # every chunk the item uses is final (a chunk is open while its chunker still holds it)
@@ -465,17 +488,13 @@ class TrajectoryWriter(FlushOnExitCloseOnDelete):
             else:
                 columns.append((col.is_squeezed, *self._slices(table, i, refs, episode_ids)))
                 final = final and all(ref.column.chunk is not ref.chunk for ref in refs)
-            if entries is not None and i < len(entries):
+            if entries is not None:
                 path, dtype, shape, spec = entries[i]
                 got = first.shape if col.is_squeezed else (len(refs), *first.shape)
                 if first.dtype != dtype or not _shape_compatible(shape, got):
                     raise ValueError(f"Unable to create item in table '{table}' since the provided trajectory is "
                                      f"inconsistent with the table signature: column {i} ('{path}') expected "
                                      f"{spec} but got dtype={first.dtype.name} shape={list(got)}")
-        if entries is not None and len(entries) != len(flat):
-            raise ValueError(f"Unable to create item in table '{table}' since the provided trajectory is "
-                             f"inconsistent with the table signature: the table expects {len(entries)} columns "
-                             f"({[e[0] for e in entries]}) but the trajectory has {len(flat)}")
         episode_ids = frozenset(episode_ids)
         # Items of one episode share one frozenset object (fewer objects per item for the GC to scan).
         episode_ids = self._episode_ids_cache.setdefault(episode_ids, episode_ids)

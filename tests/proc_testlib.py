@@ -110,10 +110,8 @@ def remote_client(address: str):
     """A `replay_tf.Client` that talks gRPC even if a server of this process owns `address`."""
     import replay_tf as reverb
     from replay_tf.grpc import client_transport
-    client = reverb.Client.__new__(reverb.Client)
-    client._server_address = address
+    client = reverb.Client(address)
     client._transport = client_transport.Transport(address)
-    client._signature_cache = {}
     return client
 
 

@@ -1,7 +1,8 @@
 """Normal use logs no TensorFlow / TFDS warnings: loading a dataset and sampling the in-graph buffers.
 
-TFDS logs its `.dtype` deprecation notice only the first 10 times per process, and TF's XLA notice
-("Using tf.random.uniform with XLA compilation will ignore seeds") comes from C++ on stderr, so each case
+TFDS logs its `.dtype` deprecation notice only the first 10 times per process, and TF's XLA notices
+("Using tf.random.uniform with XLA compilation will ignore seeds", "Ignoring Assert operator ...", once
+per compiled program) come from C++ on stderr, so each case
 runs in a fresh interpreter with TF's C++ logging at its most verbose, and checks Python warnings, Python
 and absl log records, and stderr.
 """
@@ -17,7 +18,7 @@ pytestmark = pytest.mark.slow  # every case starts an interpreter that imports T
 
 _REPO = pathlib.Path(__file__).resolve().parents[1]
 
-_NOTICES = ("is deprecated", "will ignore seeds")
+_NOTICES = ("is deprecated", "will ignore seeds", "Ignoring Assert")
 
 _PRELUDE = r'''
 import json, logging, os, sys, warnings
@@ -100,9 +101,38 @@ def test_buffer_sampling_logs_no_xla_seed_notice(tmp_path, buffer):
         rb = replay_tf.{buffer}({{"x": tf.TensorSpec([], tf.float32)}}, batch_size=2, max_length=8)
         for i in range(5):
             rb.add_batch({{"x": tf.constant([float(i), -float(i)])}})
-        ids = [rb.get_next(4)[1].ids.numpy(), rb.get_next(4, num_steps=2)[1].ids.numpy()]
+        # Each new batch size or window length is a new program for the eager path.
+        ids = [rb.get_next(4)[1].ids.numpy(), rb.get_next(6)[1].ids.numpy(),
+               rb.get_next(4, num_steps=2)[1].ids.numpy()]
         ids.append(tf.function(lambda: rb.get_next(3)[1].ids)().numpy())
         ids.append(next(iter(rb.as_dataset(3, num_steps=2)))[1].ids.numpy())
         assert all((i >= 0).all() and (i < 10).all() for i in ids), ids
     """, tmp_path)
     _assert_quiet(records, warned, stderr)
+
+
+@pytest.mark.parametrize("buffer", ["TFUniformReplayBuffer", "PrioritizedReplayBuffer"])
+def test_eager_sampling_checks_still_raise(tmp_path, buffer):
+    # The eager path's program has no asserts; what it cannot sample must still raise the graph's errors.
+    records, warned, stderr = _run(f"""
+        import replay_tf
+
+        rb = replay_tf.{buffer}({{"x": tf.TensorSpec([], tf.float32)}}, batch_size=2, max_length=8)
+        failures = []
+        for batch_size, num_steps in [(4, None), (5, None), (2, 3)]:
+            if batch_size == 2:
+                rb.add_batch({{"x": tf.constant([1.0, 2.0])}})  # one step: no window of 3 steps
+            try:
+                rb.get_next(batch_size, num_steps=num_steps)
+            except tf.errors.InvalidArgumentError as e:
+                failures.append("no valid window to sample" in e.message)
+        if "{buffer}" == "PrioritizedReplayBuffer":
+            rb.update_priorities(tf.constant([0, 1], tf.int64), tf.constant([0.0, 0.0]))
+            try:
+                rb.get_next(3)
+            except tf.errors.InvalidArgumentError as e:
+                failures.append("every valid window has priority 0" in e.message)
+        assert failures == [True] * (4 if "{buffer}" == "PrioritizedReplayBuffer" else 3), failures
+    """, tmp_path)
+    assert [line for line in stderr.splitlines() if "Ignoring Assert" in line] == []
+    assert warned == [] and records == []

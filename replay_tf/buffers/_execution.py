@@ -2,8 +2,9 @@
 
 A buffer method is one graph implementation over `_ring` state. `run_in_graph` runs it: inlined inside a
 trace, else as a cached ConcreteFunction (XLA-compiled where asked). `sample_from_python` is the eager
-`get_next` entry. The argument checks (`check_sample_args`, `ItemChecker`, `check_list_free_spec`) and
-the shaping of sampled results (`window_ids`, `package`) are the same for both buffers.
+`get_next` entry. The argument checks (`check_sample_args`, `ItemChecker`, `check_list_free_spec`,
+`sample_check`) and the shaping of sampled results (`window_ids`, `package`) are the same for both
+buffers.
 
 The owner of a function (the buffer) provides `data_spec`, `_device`, `_scope` and `_functions` (a dict
 that caches the ConcreteFunctions, not checkpointed).
@@ -76,9 +77,9 @@ def sample_from_python(owner, fn: Callable, args: tuple, draw_key: tf.Variable):
 
     Runs `fn(*args, True)` (the draw keyed by `draw_key`) as one XLA program: its gathers write straight
     into the outputs and its index ops fuse, which costs less than a graph call. A graph function runs
-    instead if the spec has dtypes XLA lacks; it raises errors itself. XLA compiles asserts out, so a
-    sample that comes back flagged impossible (some probability 0) or empty (nothing to flag it: an
-    empty buffer must still raise) runs again as `fn(*args)` in graph mode, which raises the error.
+    instead if the spec has dtypes XLA lacks. The keyed program has no asserts (XLA would compile them
+    out, logging a warning for each one it drops): a sample that comes back flagged impossible (some
+    probability 0) or empty runs again as `fn(*args)` in graph mode, whose asserts raise the error.
 
     XLA's stateful random ops ignore TF's seeds, so the draw is stateless, keyed by `draw_key`, which
     follows `tf.random.set_seed` like a stateful op's seeds would.
@@ -127,6 +128,15 @@ def assert_can_sample(lo, hi, num_steps):
         hi, lo, message=(f"{EMPTY_SAMPLE_MESSAGE} (no valid window to sample: it is empty or holds "
                          f"fewer than num_steps ({num_steps or 1}) steps per segment; add items with "
                          f"add_batch first)"))
+
+
+def sample_check(num_steps, flagged: bool) -> Callable:
+    """The `assert_fn` of `_ring.sample_windows`: `assert_can_sample`, or none in the eager path's
+    keyed program (`flagged`), where a sample that cannot be drawn comes back flagged instead (see
+    `sample_from_python`)."""
+    if flagged:
+        return lambda lo, hi: None
+    return lambda lo, hi: assert_can_sample(lo, hi, num_steps)
 
 
 def check_list_free_spec(data_spec) -> None:

@@ -293,9 +293,14 @@ class PrioritizedReplayBuffer(replay_buffer.ReplayBuffer):
         head = prefix[1] - prefix[0]               # rows first .. min(end, capacity) - 1
         return prefix[0], head, head + prefix[2]   # + rows 0 .. end - capacity - 1 when wrapped
 
-    def _draw(self, n, lo, hi, num_steps, seed):
+    def _draw(self, n, lo, hi, num_steps, seed, flagged: bool = False):
         """n (starts, segments, (probabilities, importance weights)) drawn by priority among valid,
-        episode-respecting windows; `seed` (int64 `[2]`) keys the stateless draws."""
+        episode-respecting windows; `seed` (int64 `[2]`) keys the stateless draws.
+
+        `flagged` (the eager path's XLA program, which would compile asserts out and log each one it
+        drops): a failed check zeroes the probabilities instead of asserting, so that the caller runs the
+        sample again in graph mode, where it raises.
+        """
         buffer = self._buffer
         episode_aware = buffer.state.episode_index is not None and num_steps not in (None, 1)
         # Everything from the valid range to the weights runs as one XLA program: as ~100 small ops in
@@ -309,6 +314,9 @@ class PrioritizedReplayBuffer(replay_buffer.ReplayBuffer):
             program = self._samplers[key] = tf.function(
                 lambda *args: self._draw_program(n, num_steps, *args), jit_compile=True, autograph=False)
         has_mass, found, starts, segments, probabilities, weights = program(lo, hi, normalizer, seed)
+        if flagged:
+            # (no mass: the probabilities are 0 already)
+            return starts, segments, (tf.where(found, probabilities, 0.0), weights)
         check = tf.debugging.assert_equal(has_mass, True, message=_ALL_ZERO_MESSAGE)
         with tf.control_dependencies([check]):  # the first failing check is the one reported
             check = tf.debugging.assert_equal(found, True, message=_NOT_FOUND_MESSAGE)
@@ -390,11 +398,11 @@ class PrioritizedReplayBuffer(replay_buffer.ReplayBuffer):
         n = 1 if sample_batch_size is None else sample_batch_size
         flat, starts, segments, (probabilities, weights) = _ring.sample_windows(
             buffer.state, n, num_steps, buffer.max_length, buffer.batch_size,
-            lambda lo, hi: self._draw(n, lo, hi, num_steps, seed),
-            lambda lo, hi: _execution.assert_can_sample(lo, hi, num_steps), num_values=2)
-        # ids -1 flag a sample drawn while nothing could be sampled: only reachable under XLA, where the
-        # asserts are compiled out. An item's id is `step * batch_size + segment`: a window's ids step
-        # by `batch_size`.
+            lambda lo, hi: self._draw(n, lo, hi, num_steps, seed, flagged=keyed),
+            _execution.sample_check(num_steps, keyed), num_values=2)
+        # ids -1 flag a sample drawn while nothing could be sampled: only reachable in the keyed XLA
+        # program, which has no asserts. An item's id is `step * batch_size + segment`: a window's ids
+        # step by `batch_size`.
         first_ids = tf.where(probabilities > 0, starts * buffer.batch_size + segments, -1)
         ids = _execution.window_ids(first_ids, num_steps, stride=buffer.batch_size)
         data, ids, (probabilities, weights) = _execution.package(

@@ -316,8 +316,8 @@ class UniformReplayBuffer(replay_buffer.ReplayBuffer):
 
         flat, starts, _, (probs,) = _ring.sample_windows(
             self._state, n, num_steps, self._max_length, self._batch_size, draw_fn,
-            lambda lo, hi: _execution.assert_can_sample(lo, hi, num_steps))
-        starts = tf.where(probs > 0, starts, -1)  # only reachable under XLA (see _draw)
+            _execution.sample_check(num_steps, keyed))
+        starts = tf.where(probs > 0, starts, -1)  # only reachable in the keyed XLA program (see _draw)
         data, ids, (probs,) = _execution.package(self._data_spec, flat, _execution.window_ids(starts, num_steps),
                                                  [probs], sample_batch_size, num_steps, time_stacked)
         return data, BufferInfo(ids, probs)

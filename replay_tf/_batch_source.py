@@ -32,8 +32,14 @@ from typing import Any, Callable, Iterator, Optional
 import numpy as np
 import tensorflow as tf
 import tree
-# (a per-iterator finalizer that can skip Python is not part of the public tf.data API)
-from tensorflow.python.data.ops import from_generator_op
+
+try:
+    # A per-iterator finalizer that can skip Python is not part of the public tf.data API: TensorFlow's own
+    # building block of `from_generator` has one. Where a TensorFlow release lacks it, `iterator_keys` is
+    # `from_generator` itself (the same keys; only the quiet exit is lost).
+    from tensorflow.python.data.ops.from_generator_op import _GeneratorDataset
+except ImportError:  # pragma: no cover  (every supported TensorFlow has it; tested by patching it away)
+    _GeneratorDataset = None
 
 from replay_tf import _generator_exit
 from replay_tf import _thread_states
@@ -151,6 +157,8 @@ def iterator_keys(start: Callable[..., Iterator], args: tuple = ()) -> tf.data.D
     kept by TensorFlow (`_exit_flag`) tells the finalizer to skip the call. (Not in TF1 graphs, which cannot
     capture the flag: their iterators end with their session.)
     """
+    if _GeneratorDataset is None:
+        return tf.data.Dataset.from_generator(start, output_signature=tf.TensorSpec([], tf.int64), args=args)
     with tf.init_scope():
         exiting = _exit_flag() if tf.executing_eagerly() else None
     generators: dict = {}
@@ -197,8 +205,7 @@ def iterator_keys(start: Callable[..., Iterator], args: tuple = ()) -> tf.data.D
     @tf.autograph.experimental.do_not_convert
     def per_iterator(*values):
         # (a new generator dataset per iteration of the one-element dataset, as `from_generator` builds it)
-        return from_generator_op._GeneratorDataset(values, init_fn, next_fn, finalize_fn,
-                                                   tf.TensorSpec([], tf.int64))
+        return _GeneratorDataset(values, init_fn, next_fn, finalize_fn, tf.TensorSpec([], tf.int64))
 
     init_args = (tf.constant(0, tf.int64),) + tuple(tf.convert_to_tensor(a) for a in args)
     return tf.data.Dataset.from_tensors(init_args).flat_map(per_iterator)

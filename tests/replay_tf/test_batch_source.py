@@ -52,6 +52,31 @@ def test_each_iterator_runs_its_own_generator_and_closes_it():
     assert closed == [True, True]
 
 
+@pytest.mark.parametrize("generator_dataset", ["tensorflow's", "none: from_generator"])
+def test_iterator_keys_open_and_close_one_generator_per_iterator(monkeypatch, generator_dataset):
+    # Where TensorFlow lacks the generator dataset with its own finalizer, the public `from_generator` gives
+    # the same keys and closes each generator with its iterator.
+    if generator_dataset != "tensorflow's":
+        monkeypatch.setattr(_batch_source, "_GeneratorDataset", None)
+    opened, closed = [], []
+
+    def start(arg):
+        opened.append(arg)
+        try:
+            yield from (7, 8)
+        finally:
+            closed.append(arg)
+
+    keys = _batch_source.iterator_keys(start, (b"k",))
+    assert keys.element_spec == tf.TensorSpec([], tf.int64)
+    assert [int(k) for k in keys] == [7, 8]
+    iterator = iter(keys)
+    assert int(next(iterator)) == 7
+    del iterator
+    gc.collect()
+    assert opened == [b"k", b"k"] and closed == [b"k", b"k"]
+
+
 def test_generator_errors_reach_the_iterator_as_numpy_function_maps_them():
     def make(unused_arg):
         yield [np.zeros([1], np.int64), np.zeros([1, 2], np.float32)]

@@ -243,9 +243,7 @@ class StackedSamples(NamedTuple):
 _INFO_FIELDS = (("keys", 1, "<u8", "key"), ("priorities", 2, "<f8", "priority"),
                 ("times_sampled", 3, "<i4", "times_sampled"), ("probabilities", 4, "<f8", "probability"),
                 ("table_sizes", 5, "<i8", "table_size"), ("rate_limited", 6, "u1", "rate_limited"))
-_TAG_COLUMN = b"\x3a"  # StackedSamples.columns = 7
 _MAX_RANK = 64  # TensorFlow's limit is 254; a column of more dimensions is not a sample batch
-TAG_RESPONSE_STACKED = b"\xc2\x3e"  # SampleStreamResponse.replay_tf_stacked = 1000
 
 
 def _info_array(values, wire_dtype: str) -> np.ndarray:
@@ -271,10 +269,10 @@ class StackedLayout:
             shape = (n, *shape)
             nbytes = math.prod(shape) * dtype.itemsize
             head = _raw.tensor_head(tensor_codec.dtype_enum(dtype), shape, nbytes)
-            parts += [_TAG_COLUMN, _raw.varint(len(head) + nbytes), head, (dtype, shape, nbytes)]
+            parts += [_raw.TAG_STACKED_COLUMN, _raw.varint(len(head) + nbytes), head, (dtype, shape, nbytes)]
         body = sum(len(p) if type(p) is bytes else p[2] for p in parts)
         self._num_columns = len(layouts)
-        self._parts = [TAG_RESPONSE_STACKED, _raw.varint(body), *parts]
+        self._parts = [_raw.TAG_RESPONSE_STACKED, _raw.varint(body), *parts]
         self.size = 2 + len(self._parts[1]) + body
 
     def join(self, columns: list) -> bytes:
@@ -322,7 +320,7 @@ def read_stacked_response(raw: bytes) -> Optional[StackedSamples]:
     alone, packed info fields, columns of dtype, shape and content), read without protobuf: the columns are
     views of `raw` (protobuf would copy each twice). None for any other encoding (entries, fields repeated
     or unpacked, ...): parse those with protobuf. Errors as `stacked_from_proto`'s."""
-    if raw[:2] != TAG_RESPONSE_STACKED:
+    if raw[:2] != _raw.TAG_RESPONSE_STACKED:
         return None
     try:
         size, pos = _raw.read_varint(raw, 2)

@@ -14,7 +14,8 @@ class DeadlineExceededError(ReverbError):
 
 class TableNotFoundError(ValueError, RuntimeError):
     """A call named a table the server does not have. dm-reverb's client raises `RuntimeError` there (its
-    status message is the same) and this package raised `ValueError`: both `except` clauses catch it."""
+    status message is the same), and an unknown name is a `ValueError` in Python: both `except` clauses catch
+    it."""
 
 
 class CancelledError(ReverbError):

@@ -303,8 +303,8 @@ class PrioritizedReplayBuffer(replay_buffer.ReplayBuffer):
         """
         buffer = self._buffer
         episode_aware = buffer.state.episode_index is not None and num_steps not in (None, 1)
-        # Everything from the valid range to the weights runs as one XLA program: as ~100 small ops in
-        # the TF executor it cost several times more. Its checks come back as flags and are asserted
+        # Everything from the valid range to the weights runs as one XLA program instead of ~100 small ops
+        # that the TF executor would dispatch one by one. Its checks come back as flags and are asserted
         # here (XLA compiles asserts out). The episode-aware normalizer has a data-dependent shape, so
         # it is computed outside (-1: the program uses the valid mass).
         normalizer = self._episode_normalizer(lo, hi, num_steps) if episode_aware else tf.constant(-1.0)

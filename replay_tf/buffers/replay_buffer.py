@@ -71,7 +71,8 @@ class ReplayBuffer(tf.Module):
         make = self._single_deterministic_pass_dataset if single_deterministic_pass else self._as_dataset
         dataset = make(sample_batch_size=sample_batch_size, num_steps=num_steps,
                        sequence_preprocess_fn=sequence_preprocess_fn, num_parallel_calls=num_parallel_calls)
-        # TF-Agents allows stateful ops through an option that TensorFlow 2 no longer has (it skips it then).
+        # TF-Agents allows stateful ops through an option that TensorFlow 2's `tf.data.Options` lacks (it
+        # skips it then).
         options = tf.data.Options()
         if self._stateful_dataset and hasattr(options, "experimental_allow_stateful"):
             options.experimental_allow_stateful = True

@@ -23,9 +23,9 @@ import numpy as np
 
 # Keys come from a generator of this module's own, seeded from the OS's entropy: user code that seeds Python's
 # global `random` (as many training scripts do, in every actor alike) must not make two writers draw the same
-# keys, or the server would mix their items and chunks. A Mersenne Twister instance draws a key in ~100 ns (an
-# `os.urandom` call per key costs several times that, on the per-step path). A forked child re-seeds it, so
-# that parent and child never share a sequence either.
+# keys, or the server would mix their items and chunks. A Mersenne Twister instance draws a key for a fraction
+# of the cost of an `os.urandom` call per key, which would be paid on the per-step path. A forked child
+# re-seeds it, so that parent and child never share a sequence either.
 _keys = random.Random(os.urandom(32))
 
 

@@ -200,7 +200,7 @@ class UniformDistribution:
     def __init__(self):
         self._items: list = []
         self._pos: dict = {}
-        # Python's generator draws a few indices several times faster than numpy's `integers` (both exactly
+        # Python's generator draws a few indices faster than numpy's `integers` (both exactly
         # uniform): TF-Agents' datasets ask for a few samples at a time, acme's for hundreds.
         self._random = random.Random()
         self._rng = np.random.default_rng()

@@ -23,8 +23,8 @@ CHANNEL_OPTIONS = [
 MAX_REQUEST_BYTES = 1 << 20
 MAX_REQUEST_ITEMS = 256
 LINGER_S = 0.005                  # how long a request waits for more items (not while flushing)
-CHUNK_CACHE_SIZE = 65536          # decoded chunks kept per sample stream (a 10k-step table of small steps
-                                  # has ~7k chunks: 4096 decoded 1.4 chunks per sample)
+CHUNK_CACHE_SIZE = 65536          # decoded chunks kept per sample stream: more than a table of small steps
+                                  # holds (a smaller cache decodes the same chunks again for later samples)
 CHUNK_CACHE_ENTRY_BYTES = 512     # a cached chunk's Python objects, counted with its arrays' bytes
 CHUNK_CACHE_BYTES = 64 << 20      # and at most about this many bytes of them (one-row chunks, e.g. Atari
                                   # frames, are not cached: see sample_stream.SampleStream._chunk)
@@ -88,11 +88,11 @@ def freeze_startup_objects() -> None:
     """Moves every object alive now into the garbage collector's permanent generation, once per process.
 
     Called by the server when its first insert stream opens (never in client processes: a library must not
-    change its users' garbage collection). A process that imported TensorFlow
-    tracks ~370k objects, and its first full collection is due soon after the import (the import promoted
-    them all): it scans them all (~0.2 CPU-s), in the middle of the first inserts, and every later full
-    collection rescans them. Frozen objects are still freed by reference counting; only reference cycles
-    among objects alive now (a few dozen after importing TensorFlow) are never collected.
+    change its users' garbage collection). A process that imported TensorFlow tracks hundreds of thousands
+    of objects, and its first full collection is due soon after the import (the import promoted them all): it
+    scans them all, in the middle of the first inserts, and every later full collection rescans them
+    (docs/reliability.md gives the cost). Frozen objects are still freed by reference counting; only
+    reference cycles among objects alive now (a few dozen after importing TensorFlow) are never collected.
     """
     if not _frozen.is_set():
         _frozen.set()

@@ -32,14 +32,13 @@ class _Connection:
     for gRPC's sending thread; that thread sends a request that lingers while the writer is idle itself.
     So the sending thread wakes once per request, and a request is encoded in one go, in one thread: no
     GIL hand-off per item, nor per compressed chunk (compression releases the GIL, and the sending thread
-    then waited for the appending thread to give it back). Alternating A/B against the sending thread
-    encoding the items it took one by one: Atari-like inserts 1.24x to our server and 1.31x to a dm-reverb
-    server, small ones 1.05x and 1.10x.
+    would wait for the appending thread to give it back). docs/benchmarks.md compares this with encoding in
+    the sending thread.
 
     The server keeps, after each request, only the sent chunks that later items can still use: the
     writer's `live` keys (see `InsertStream.send`), a handful. Naming every sent chunk still alive instead
-    (unconfirmed items held theirs) grew the list with the requests in flight, to 1,100-1,800 keys per
-    request while a dm-reverb server lagged, which made that server slower still.
+    (unconfirmed items hold theirs) would grow the list with the requests in flight, so a server that lags
+    would get longer requests to parse and lag further.
     """
 
     def __init__(self):
@@ -241,8 +240,8 @@ class InsertStream:
         # `(item field, chunk key, chunk field, chunk key, chunk field, ...)`: what re-sending it takes, as
         # bytes (see `_Connection.finish`). Hundreds of items are in flight; every GC-tracked object of
         # theirs that survives to the garbage collector's oldest generation brings a full collection nearer
-        # (in a process that imported TensorFlow, ~0.2 s each); a record, bytes only, drops out of its
-        # tracking before that (see `_chunk_field`).
+        # (costly in a process that imported TensorFlow, which holds many objects); a record, bytes only,
+        # drops out of its tracking before that (see `_chunk_field`).
         self._unconfirmed: Dict[int, Union[chunk_store_lib.Item, tuple]] = {}
         self._error: Optional[Exception] = None
         self._connection: Optional[_Connection] = None

@@ -41,8 +41,6 @@ from replay_tf.wire import schema_pb2
 
 __all__ = ["InsertStreams"]
 
-_CHUNKS_TAG = 0x0A                 # InsertStreamRequest.chunks = 1, length-delimited
-
 
 class InsertStreams:
     """The InsertStream handler over a servicer's tables and chunk store."""
@@ -117,7 +115,7 @@ class InsertStreams:
                     if chunk_proto.chunk_key in held:
                         continue  # the first copy wins, as in Reverb
                     if ranges is None:
-                        ranges = _raw.message_field_ranges(raw, _CHUNKS_TAG)
+                        ranges = _raw.message_field_ranges(raw, _raw.REQUEST_CHUNKS_TAG)
                         if ranges is None or len(ranges) != len(chunk_protos):
                             ranges = ()  # not walkable: each chunk is serialized from its proto
                     # A chunk is kept as the bytes it arrived as (a slice of the request), not serialized again.

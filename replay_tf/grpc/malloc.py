@@ -29,7 +29,7 @@ import threading
 
 # Above the ~2 MiB responses and the ~1 MiB requests our writers assemble (MAX_REQUEST_BYTES); no higher:
 # heap blocks this large, once freed, get reused for small long-lived objects and keep their pages resident
-# (8 MiB left a fuzzed server process ~40 MiB above its warm level after malloc_trim, 4 MiB ~15 MiB).
+# (a larger threshold leaves a server process further above its warm level, see docs/benchmarks.md).
 MMAP_THRESHOLD_BYTES = 4 << 20
 TRIM_THRESHOLD_BYTES = 2 * MMAP_THRESHOLD_BYTES  # glibc's own rule for its dynamic thresholds
 _M_TRIM_THRESHOLD = -1  # glibc's mallopt parameter numbers

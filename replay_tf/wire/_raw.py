@@ -25,7 +25,14 @@ _TAG_ITEM_TABLE = b"\x12"       # PrioritizedItem.table = 2
 _TAG_ITEM_PRIORITY = b"\x29"    # PrioritizedItem.priority = 5 (double)
 _TAG_ITEM_TIMES_SAMPLED = b"\x30"  # PrioritizedItem.times_sampled = 6
 _TAG_ITEM_INSERTED_AT = b"\x3a"    # PrioritizedItem.inserted_at = 7
-_TAG_ITEM_TRAJECTORY = b"\x42"     # PrioritizedItem.flat_trajectory = 8
+ITEM_TRAJECTORY_TAG = 0x42         # PrioritizedItem.flat_trajectory = 8
+_TAG_ITEM_TRAJECTORY = bytes((ITEM_TRAJECTORY_TAG,))
+
+# replay_tf's own SampleStreamResponse fields (numbers >= 1000, two-byte tags): a stacked batch of samples,
+# and the shared-memory slot that holds one.
+TAG_RESPONSE_STACKED = b"\xc2\x3e"     # SampleStreamResponse.replay_tf_stacked = 1000
+TAG_RESPONSE_SHARED_SLOT = b"\xca\x3e" # SampleStreamResponse.replay_tf_shared_slot = 1001
+TAG_STACKED_COLUMN = b"\x3a"           # StackedSamples.columns = 7
 
 
 _ONE_BYTE = [bytes((i,)) for i in range(128)]
@@ -123,11 +130,17 @@ def entry_parts(info: bytes | None, chunk_fields: list, end_of_sequence: bool) -
 # Fields are written in field-number order with proto3 defaults left out, as protobuf's own serializer
 # writes them, so these bytes equal the generated classes' `SerializeToString()` (tests compare them).
 
-_TAG_REQUEST_CHUNKS = b"\x0a"      # InsertStreamRequest.chunks = 1
-_TAG_REQUEST_ITEMS = b"\x12"       # InsertStreamRequest.items = 2
-_TAG_REQUEST_KEEP = b"\x1a"        # InsertStreamRequest.keep_chunk_keys = 3 (packed)
-_TAG_COLUMN = b"\x0a"              # FlatTrajectory.columns = 1
-_TAG_SLICE = b"\x0a"               # FlatTrajectory.Column.chunk_slices = 1
+# As ints for the walks that read requests (`limits`, the server's insert handler); as bytes for the writer.
+REQUEST_CHUNKS_TAG = 0x0A          # InsertStreamRequest.chunks = 1
+REQUEST_ITEMS_TAG = 0x12           # InsertStreamRequest.items = 2
+REQUEST_KEEP_PACKED_TAG = 0x1A     # InsertStreamRequest.keep_chunk_keys = 3 (packed)
+REQUEST_KEEP_TAG = 0x18            # the same field, one varint per key (parsers accept both)
+REPEATED_TAG = 0x0A                # FlatTrajectory.columns = 1 and FlatTrajectory.Column.chunk_slices = 1
+_TAG_REQUEST_CHUNKS = bytes((REQUEST_CHUNKS_TAG,))
+_TAG_REQUEST_ITEMS = bytes((REQUEST_ITEMS_TAG,))
+_TAG_REQUEST_KEEP = bytes((REQUEST_KEEP_PACKED_TAG,))
+_TAG_COLUMN = bytes((REPEATED_TAG,))
+_TAG_SLICE = bytes((REPEATED_TAG,))
 _SQUEEZE = b"\x10\x01"             # FlatTrajectory.Column.squeeze = 2, true
 _OFFSET_FIELDS = [b"\x10" + bytes((i,)) for i in range(128)]  # ChunkSlice.offset = 2, values < 128
 _LENGTH_FIELDS = [b"\x18" + bytes((i,)) for i in range(128)]  # ChunkSlice.length = 3

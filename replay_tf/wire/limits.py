@@ -20,6 +20,8 @@ from typing import Optional
 
 import numpy as np
 
+from replay_tf.wire import _raw
+
 #: Chunks one `InsertStreamRequest` may carry (counted in the request's bytes, before it is parsed).
 MAX_CHUNKS_PER_REQUEST = 1 << 16
 
@@ -61,12 +63,13 @@ class LimitExceededError(ValueError):
     """A request is over one of this module's limits (the server answers RESOURCE_EXHAUSTED)."""
 
 
-_CHUNKS_TAG = 0x0A          # InsertStreamRequest.chunks = 1, length-delimited
-_ITEMS_TAG = 0x12           # InsertStreamRequest.items = 2
-_KEEP_PACKED_TAG = 0x1A     # InsertStreamRequest.keep_chunk_keys = 3, packed
-_KEEP_TAG = 0x18            # the same field, one varint per key (parsers accept both)
-_TRAJECTORY_TAG = 0x42      # PrioritizedItem.flat_trajectory = 8
-_REPEATED_TAG = 0x0A        # FlatTrajectory.columns = 1 and Column.chunk_slices = 1
+# Module-level names for the field walk below (one global lookup each, not an attribute lookup per field).
+_CHUNKS_TAG = _raw.REQUEST_CHUNKS_TAG
+_ITEMS_TAG = _raw.REQUEST_ITEMS_TAG
+_KEEP_PACKED_TAG = _raw.REQUEST_KEEP_PACKED_TAG
+_KEEP_TAG = _raw.REQUEST_KEEP_TAG
+_TRAJECTORY_TAG = _raw.ITEM_TRAJECTORY_TAG
+_REPEATED_TAG = _raw.REPEATED_TAG
 _MIN_SLICE_BYTES = 2        # a chunk slice costs at least its tag and its length on the wire
 
 

@@ -32,6 +32,8 @@ _log = logging.getLogger(__name__)
 
 
 def _condition_left(condition, *, step_index, buffer_length, is_end: bool, flat_block):
+    """The left value of a condition that needs no carried state, per step of a block ([B] int64), or None
+    for a data condition Reverb never meets."""
     if condition.left == "step_index":
         return step_index
     if condition.left == "buffer_length":
@@ -59,6 +61,7 @@ def _evaluate(condition, left: Optional[tf.Tensor], like: tf.Tensor) -> tf.Tenso
 
 
 def _all(masks: list, like: tf.Tensor) -> tf.Tensor:
+    """The AND of `masks`, all True (shaped like `like`) when there are none: a config without conditions."""
     if not masks:
         return tf.ones_like(like, dtype=tf.bool)
     out = masks[0]
@@ -95,163 +98,241 @@ def compile_blocks(blocks: tf.data.Dataset, configs: Sequence[Any], step_spec: A
     signature = _lists_to_tuples(configs_lib.infer_signature(configs, step_spec))
     configs = configs_lib.with_buffer_length_conditions(configs_lib.validate_configs(configs, step_spec),
                                                         cumulative=cumulative_history)
-    flat_spec = tree.flatten(step_spec)
-    for index in sorted({c.flat_source_index for config in configs for c in config.conditions
-                         if c.left == "flat_source_index"}):
-        problem = conditions_lib.data_column_problem(index, tf.as_dtype(flat_spec[index].dtype),
-                                                     tf.TensorShape(flat_spec[index].shape).num_elements())
-        if problem is not None:
-            _log.error(problem)
-    num_configs = len(configs)
-    histories = configs_lib.column_histories(configs)
-    capacity = max(histories.values())
-    columns = sorted(c for c, h in histories.items() if h > 0)
-    ssa_configs = [k for k, c in enumerate(configs) if any(x.left == "steps_since_applied" for x in c.conditions)]
-    has_end_conditions = any(x.left == "is_end_episode" for c in configs for x in c.conditions)
+    compiler = _BlockCompiler(configs, step_spec, signature, respect_episode_boundaries=respect_episode_boundaries,
+                              is_last_fn=is_last_fn)
+    if compiler.ssa_configs or not in_parallel:
+        # steps_since_applied depends on when the config last fired: evaluate inside the scan (as large
+        # blocks are, see `in_parallel`).
+        items = blocks.scan(compiler.initial_state(), tf.autograph.experimental.do_not_convert(compiler.step_fn))
+    else:
+        # Everything else only needs the carried state: evaluate blocks in parallel, in order.
+        items = blocks.scan(compiler.initial_state(),
+                            tf.autograph.experimental.do_not_convert(compiler.carry_fn)).map(
+            tf.autograph.experimental.do_not_convert(
+                lambda state, block: compiler.step_fn(state, block, carry=False)[1]),
+            num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    if not compiler.ragged_leaves:
+        return items_dataset.ItemsDataset(items)
+    return items.unbatch().map(compiler.cut)
 
-    flat_signature = tree.flatten(signature)
-    patterns = [tree.flatten(configs_lib.unpack_pattern(c)) for c in configs]
-    # Leaves whose slice length differs between configs are padded to the longest and cut after unbatch.
-    ragged_leaves = [i for i, spec in enumerate(flat_signature)
-                     if spec.shape.rank and spec.shape[0] is None
-                     and any(not p[i].squeeze for p in patterns)]
 
-    def zeros_history(c: int) -> tf.Tensor:
-        shape = [histories[c]] + [0 if d is None else d for d in tf.TensorShape(flat_spec[c].shape).as_list()]
-        return tf.zeros(shape, flat_spec[c].dtype)
+class _BlockCompiler:
+    """What the configs need from every block, worked out once, and the block functions built from it.
 
-    unknown_shape = {c: not tf.TensorShape(flat_spec[c].shape).is_fully_defined() for c in columns}
-    # The state carried across blocks holds only what these configs read: every entry is an input and an
-    # output of the traced function, whose nodes each add to the pipeline's setup time.
-    initial_state = {
-        "hist": tuple(zeros_history(c) for c in columns),
-        "s": tf.constant(0, tf.int64),  # step index of the next step within its episode
-    }
-    if any(unknown_shape.values()):
-        initial_state["first"] = tf.constant(True)  # no block seen yet (histories of those are placeholders)
-    if not respect_episode_boundaries:
-        # steps in the buffer before the next step, capped at `capacity` (otherwise the step index + 1)
-        initial_state["n"] = tf.constant(0, tf.int64)
-    if ssa_configs:
-        initial_state["ssa"] = tf.zeros([len(ssa_configs)], tf.int64)  # steps_since_applied of those configs
+    `step_fn` (a block's items, and the state after it) runs its stages top to bottom: `block_steps`,
+    `step_counters`, `fire_masks`, `apply_steps_since_applied`, `skip_end_when_appended`, `item_order`,
+    `column_buffers`, `gather_items`, `next_state`. Every op they make is a node of the traced function,
+    and every node adds to the pipeline's setup time: constants go through one `_Constants` per function.
+    """
 
-    def column_buffers(state, flat_block, axis) -> dict:
-        """Per carried column: its history, then the block's rows (the rows of step t at `history + t`)."""
-        buffers = {}
-        for j, c in enumerate(columns):
-            old = state["hist"][j]
-            if unknown_shape[c]:
-                old = _history_or_placeholder(old, flat_block[c], histories[c], state["first"])
-            buffers[c] = tf.concat([old, flat_block[c]], axis)
-        return buffers
+    def __init__(self, configs: Sequence[configs_lib.StructuredWriterConfig], step_spec: Any, signature: Any, *,
+                 respect_episode_boundaries: bool, is_last_fn: Callable[[Any], tf.Tensor]):
+        self.configs = configs
+        self.signature = signature
+        self.respect_episode_boundaries = respect_episode_boundaries
+        self.is_last_fn = is_last_fn
+        self.flat_spec = flat_spec = tree.flatten(step_spec)
+        for index in sorted({c.flat_source_index for config in configs for c in config.conditions
+                             if c.left == "flat_source_index"}):
+            problem = conditions_lib.data_column_problem(index, tf.as_dtype(flat_spec[index].dtype),
+                                                         tf.TensorShape(flat_spec[index].shape).num_elements())
+            if problem is not None:
+                _log.error(problem)
+        self.num_configs = len(configs)
+        # Rows of history each column needs before the block's rows (0: the column is not read back).
+        self.histories = configs_lib.column_histories(configs)
+        self.capacity = max(self.histories.values())
+        self.columns = sorted(c for c, h in self.histories.items() if h > 0)
+        # Configs with a steps_since_applied condition: their firing depends on the previous one.
+        self.ssa_configs = [k for k, c in enumerate(configs)
+                            if any(x.left == "steps_since_applied" for x in c.conditions)]
+        self.has_end_conditions = any(x.left == "is_end_episode" for c in configs for x in c.conditions)
+        self.flat_signature = tree.flatten(signature)
+        self.patterns = [tree.flatten(configs_lib.unpack_pattern(c)) for c in configs]
+        # Leaves whose slice length differs between configs are padded to the longest and cut after unbatch.
+        self.ragged_leaves = [i for i, spec in enumerate(self.flat_signature)
+                              if spec.shape.rank and spec.shape[0] is None
+                              and any(not p[i].squeeze for p in self.patterns)]
+        self.unknown_shape = {c: not tf.TensorShape(flat_spec[c].shape).is_fully_defined() for c in self.columns}
 
-    def next_state(buffers, is_last, t, size, state, ssa, const) -> dict:
-        """The state after a block: the newest `history` rows of every column and the counters."""
-        new = {"hist": tuple(_last_rows(buffers[c], histories[c], const) for c in columns),
-               "s": _next_step_index(is_last, t, size, state["s"], const)}
-        if "first" in state:
-            new["first"] = tf.constant(False)
-        if "n" in state:
-            new["n"] = tf.minimum(state["n"] + size, const(capacity, tf.int64))
-        if "ssa" in state:
-            new["ssa"] = ssa
-        return new
+    def initial_state(self) -> dict:
+        """The state before the first block; it holds only what these configs read: every entry is an input
+        and an output of the traced function."""
+        state = {
+            "hist": tuple(self._zeros_history(c) for c in self.columns),
+            "s": tf.constant(0, tf.int64),  # step index of the next step within its episode
+        }
+        if any(self.unknown_shape.values()):
+            state["first"] = tf.constant(True)  # no block seen yet (histories of those are placeholders)
+        if not self.respect_episode_boundaries:
+            # steps in the buffer before the next step, capped at `capacity` (otherwise the step index + 1)
+            state["n"] = tf.constant(0, tf.int64)
+        if self.ssa_configs:
+            state["ssa"] = tf.zeros([len(self.ssa_configs)], tf.int64)  # steps_since_applied of those configs
+        return state
 
-    def step_fn(state, block, carry=True):
-        """`(next state, items)` of a block; with `carry` False the items alone (`(None, items)`)."""
-        s0, ssa0 = state["s"], state.get("ssa")
-        flat_block = tree.flatten(block)
-        # Constants made once: each node of the traced function adds to the pipeline's setup time.
+    def _zeros_history(self, c: int) -> tf.Tensor:
+        """The initial history of column `c`: `histories[c]` rows of zeros (unknown dimensions as 0)."""
+        shape = [self.histories[c]] + [0 if d is None else d
+                                       for d in tf.TensorShape(self.flat_spec[c].shape).as_list()]
+        return tf.zeros(shape, self.flat_spec[c].dtype)
+
+    def carry_fn(self, state, block):
+        """Only what crosses blocks: histories and counters (cheap, so the scan is not the bottleneck)."""
         const = _Constants()
-        axis0, zero, one, flat = const(0, tf.int32), const(0, tf.int64), const(1, tf.int64), const([-1], tf.int32)
-        is_last = tf.reshape(tf.cast(is_last_fn(block), tf.bool), flat)
-        size = tf.size(is_last, out_type=tf.int64)
-        t = tf.range(zero, size, one)
+        flat_block = tree.flatten(block)
+        is_last = tf.reshape(tf.cast(self.is_last_fn(block), tf.bool), const([-1], tf.int32))
+        size = tf.shape(is_last, out_type=tf.int64)[0]
+        buffers = self.column_buffers(state, flat_block, const(0, tf.int32))
+        t = tf.range(const(0, tf.int64), size, const(1, tf.int64))
+        return self.next_state(buffers, is_last, t, size, state, state.get("ssa"), const), (state, block)
 
-        # step_index[t]: steps since the last episode end before t (s0 carries the count into the block);
-        # segment[t] counts the episode ends before step t.
+    def step_fn(self, state, block, carry=True):
+        """`(next state, items)` of a block; with `carry` False the items alone (`(None, items)`)."""
+        const = _Constants()
+        flat_block, is_last, size, t = self.block_steps(block, const)
+        step_index, buffer_length = self.step_counters(state, is_last, t, size, const)
+        fire_append, fire_end, ssa_conds = self.fire_masks(
+            dict(step_index=step_index, buffer_length=buffer_length, flat_block=flat_block), is_last)
+        ssa_new = state.get("ssa")
+        if self.ssa_configs:
+            ssa_new = self.apply_steps_since_applied(fire_append, fire_end, ssa_conds, ssa_new, size)
+        if self.has_end_conditions:
+            self.skip_end_when_appended(fire_append, fire_end)
+        item_step, item_config = self.item_order(fire_append, fire_end, const)
+        buffers = self.column_buffers(state, flat_block, const(0, tf.int32))
+        out = self.gather_items(buffers, item_step, item_config, const)
+        if not carry:
+            return None, out
+        return self.next_state(buffers, is_last, t, size, state, ssa_new, const), out
+
+    def block_steps(self, block, const: "_Constants") -> tuple:
+        """The block's flat leaves, its per-step `is_last` flags ([B] bool), its size B and `t` = [0, B)."""
+        flat_block = tree.flatten(block)
+        # The constants the stages share, made first and in this order (later calls return these).
+        const(0, tf.int32), const(0, tf.int64), const(1, tf.int64)
+        flat = const([-1], tf.int32)
+        is_last = tf.reshape(tf.cast(self.is_last_fn(block), tf.bool), flat)
+        size = tf.size(is_last, out_type=tf.int64)
+        t = tf.range(const(0, tf.int64), size, const(1, tf.int64))
+        return flat_block, is_last, size, t
+
+    def step_counters(self, state, is_last, t, size, const: "_Constants") -> tuple:
+        """Per step of the block: its index within its episode and the buffer length when it is appended,
+        the left values of the `step_index` and `buffer_length` conditions."""
+        axis0, zero, one = const(0, tf.int32), const(0, tf.int64), const(1, tf.int64)
+        # segment[t]: the episode ends before step t within the block (0 for steps of the carried episode).
         segment = tf.cumsum(tf.cast(is_last, tf.int64), axis=axis0, exclusive=True)
+        # seg_start[k]: the first step of segment k (the step after the k-th episode end); B + 1 segments
+        # bound the count (segment[t] <= t), and segments with no step are never gathered.
         seg_start = tf.math.unsorted_segment_min(t, segment, num_segments=size + one)
-        step_index = tf.where(segment == zero, s0 + t, t - tf.gather(seg_start, segment, axis=axis0))
-        if respect_episode_boundaries:
+        # step_index[t]: steps of its episode before t: `s + t` in the carried episode (segment 0), else
+        # t - seg_start[segment[t]].
+        step_index = tf.where(segment == zero, state["s"] + t, t - tf.gather(seg_start, segment, axis=axis0))
+        if self.respect_episode_boundaries:
             filled = step_index + one  # the buffer is cleared whenever the step index is reset
         else:
-            filled = state["n"] + t + one
-        buffer_length = tf.minimum(filled, const(capacity, tf.int64))
+            filled = state["n"] + t + one  # `n` steps before the block, then one more per step
+        return step_index, tf.minimum(filled, const(self.capacity, tf.int64))
 
-        lefts = dict(step_index=step_index, buffer_length=buffer_length, flat_block=flat_block)
+    def fire_masks(self, lefts: dict, is_last) -> tuple:
+        """Per config, where its stateless conditions hold: at append time ([B] bool) and at the end of the
+        episode (only where some config has an is_end_episode condition or steps_since_applied is
+        scanned); and its steps_since_applied conditions, which `apply_steps_since_applied` evaluates."""
         fire_append, fire_end, ssa_conds = [], [], []
-        for k, config in enumerate(configs):
+        for config in self.configs:
             stateless = [c for c in config.conditions if c.left != "steps_since_applied"]
             at_append = _all([_evaluate(c, _condition_left(c, is_end=False, **lefts), is_last)
                               for c in stateless], is_last)
             fire_append.append(at_append)
             ssa_conds.append([c for c in config.conditions if c.left == "steps_since_applied"])
-            if not has_end_conditions and not ssa_configs:
+            if not self.has_end_conditions and not self.ssa_configs:
                 continue  # (fire_end is only read where is_end_episode conditions or a scan need it)
-            if has_end_conditions and any(c.left == "is_end_episode" for c in config.conditions):
+            if self.has_end_conditions and any(c.left == "is_end_episode" for c in config.conditions):
                 at_end = _all([_evaluate(c, _condition_left(c, is_end=True, **lefts), is_last)
                                for c in stateless], is_last)
             else:
                 at_end = at_append
-            fire_end.append(tf.logical_and(is_last, at_end))
+            fire_end.append(tf.logical_and(is_last, at_end))  # the end pass runs only at the episode's last step
+        return fire_append, fire_end, ssa_conds
 
-        ssa_new = ssa0
-        if ssa_configs:
-            # steps_since_applied makes firing sequential: a scan over the block's steps for those configs.
-            cond_a = tf.stack([fire_append[k] for k in ssa_configs], 1)
-            cond_e = tf.stack([fire_end[k] for k in ssa_configs], 1)
+    def apply_steps_since_applied(self, fire_append: list, fire_end: list, ssa_conds: list, ssa0, size):
+        """Narrows the masks of the steps_since_applied configs (in place) to where those conditions hold
+        too, and returns their counters after the block: firing resets a counter, so the steps are scanned
+        in order."""
+        ssa_configs = self.ssa_configs
+        cond_a = tf.stack([fire_append[k] for k in ssa_configs], 1)  # [B, len(ssa_configs)]
+        cond_e = tf.stack([fire_end[k] for k in ssa_configs], 1)
 
-            def ssa_step(carry, x):
-                ssa, _, _ = carry
-                a_in, e_in = x
-                ssa = ssa + 1  # incremented once per step, before the config is tried
-                ok = tf.stack([_all([c.evaluate(ssa[j], tf.truncatemod) for c in ssa_conds[k]],
-                                    ssa[j]) for j, k in enumerate(ssa_configs)])
-                a = tf.logical_and(a_in, ok)
-                e = tf.logical_and(tf.logical_and(e_in, ok), tf.logical_not(a))
-                ssa = tf.where(tf.logical_or(a, e), tf.zeros_like(ssa), ssa)
-                return ssa, a, e
+        def ssa_step(carry, x):
+            ssa, _, _ = carry
+            a_in, e_in = x
+            ssa = ssa + 1  # incremented once per step, before the config is tried
+            ok = tf.stack([_all([c.evaluate(ssa[j], tf.truncatemod) for c in ssa_conds[k]],
+                                ssa[j]) for j, k in enumerate(ssa_configs)])
+            a = tf.logical_and(a_in, ok)
+            e = tf.logical_and(tf.logical_and(e_in, ok), tf.logical_not(a))  # (not twice at one step)
+            ssa = tf.where(tf.logical_or(a, e), tf.zeros_like(ssa), ssa)
+            return ssa, a, e
 
-            init = (ssa0, tf.zeros([len(ssa_configs)], tf.bool), tf.zeros([len(ssa_configs)], tf.bool))
-            ssa_all, a_all, e_all = tf.scan(ssa_step, (cond_a, cond_e), initializer=init)
-            for j, k in enumerate(ssa_configs):
-                fire_append[k] = a_all[:, j]
-                fire_end[k] = e_all[:, j]
-            ssa_new = tf.cond(size > 0, lambda: ssa_all[-1], lambda: ssa0)
-        for k in range(len(fire_end) if has_end_conditions else 0):
-            # A config never applies twice at one step: the end-of-episode pass skips those applied.
+        init = (ssa0, tf.zeros([len(ssa_configs)], tf.bool), tf.zeros([len(ssa_configs)], tf.bool))
+        ssa_all, a_all, e_all = tf.scan(ssa_step, (cond_a, cond_e), initializer=init)
+        for j, k in enumerate(ssa_configs):
+            fire_append[k] = a_all[:, j]
+            fire_end[k] = e_all[:, j]
+        # The counters after the last step; an empty block leaves them as they were.
+        return tf.cond(size > 0, lambda: ssa_all[-1], lambda: ssa0)
+
+    @staticmethod
+    def skip_end_when_appended(fire_append: list, fire_end: list) -> None:
+        """A config never applies twice at one step: the end-of-episode pass skips those applied (in place)."""
+        for k in range(len(fire_end)):
             fire_end[k] = tf.logical_and(fire_end[k], tf.logical_not(fire_append[k]))
 
-        # Items in Reverb's order: by step, then append before end-of-episode, then by config.
-        if has_end_conditions:
+    def item_order(self, fire_append: list, fire_end: list, const: "_Constants") -> tuple:
+        """The block's items in Reverb's order (by step, then append before end-of-episode, then by config):
+        each item's step ([N] int64, its row in the block) and config (None where there is one config)."""
+        if self.has_end_conditions:
             fired = tf.stack([tf.stack(fire_append, 1), tf.stack(fire_end, 1)], 1)  # [B, 2, K]
-            where = tf.where(fired)
-            item_step, item_config = where[:, 0], where[:, 2]
-        elif num_configs == 1:
+            where = tf.where(fired)  # [N, 3] indices (step, pass, config), row-major: Reverb's order
+            return where[:, 0], where[:, 2]
+        if self.num_configs == 1:
             # Without is_end_episode conditions nothing fires at the end that did not fire at append.
-            item_step = tf.reshape(tf.where(fire_append[0]), flat)
-            item_config = None  # (only one config: never read)
-        else:
-            where = tf.where(tf.stack(fire_append, 1))  # [B, K]
-            item_step, item_config = where[:, 0], where[:, 1]
+            return tf.reshape(tf.where(fire_append[0]), const([-1], tf.int32)), None  # (config never read)
+        where = tf.where(tf.stack(fire_append, 1))  # [N, 2] indices (step, config) of [B, K]
+        return where[:, 0], where[:, 1]
 
-        buffers = column_buffers(state, flat_block, axis0)
+    def column_buffers(self, state, flat_block, axis) -> dict:
+        """Per carried column: its history, then the block's rows (the rows of step t at `history + t`)."""
+        buffers = {}
+        for j, c in enumerate(self.columns):
+            old = state["hist"][j]
+            if self.unknown_shape[c]:
+                old = _history_or_placeholder(old, flat_block[c], self.histories[c], state["first"])
+            buffers[c] = tf.concat([old, flat_block[c]], axis)
+        return buffers
 
+    def gather_items(self, buffers: dict, item_step, item_config, const: "_Constants") -> Any:
+        """The items' values, one `tf.gather` per pattern leaf and config (a `tf.where` on the item's config
+        picks among configs): the signature's nest, or with ragged leaves `(flat items, their lengths)`."""
+        axis0 = const(0, tf.int32)
         rows_of: dict = {}  # (one index tensor per distinct row offset: every op costs building time)
 
         def item_rows(offset: int) -> tf.Tensor:
+            """Each item's step shifted by `offset` rows."""
             if offset not in rows_of:
                 rows_of[offset] = item_step + const(offset, tf.int64)
             return rows_of[offset]
 
         def gather_node(node, pad_to=None):
+            """The rows `node` selects for every item, padded to `pad_to` rows when given."""
             buf = buffers[node.flat_source_index]
-            h = histories[node.flat_source_index]
+            h = self.histories[node.flat_source_index]
             # Row of step t in `buf` is h + t; offset -1 is step t itself, so offset o is row h + t + 1 + o.
             if node.squeeze:
                 return tf.gather(buf, item_rows(h + 1 + node.stop), axis=axis0)
             offsets = tf.constant(nodes.node_offsets(node), tf.int64)
+            # [N, len(offsets)] rows: row h + t + 1 of each item plus each of the node's offsets.
             values = tf.gather(buf, item_rows(h + 1)[:, None] + offsets[None, :], axis=axis0)
             if pad_to is not None and pad_to > len(nodes.node_offsets(node)):
                 pad = [[0, 0], [0, pad_to - len(nodes.node_offsets(node))]] + [[0, 0]] * (values.shape.rank - 2)
@@ -259,10 +340,10 @@ def compile_blocks(blocks: tf.data.Dataset, configs: Sequence[Any], step_spec: A
             return values
 
         flat_items, lengths = [], []
-        for i in range(len(flat_signature)):
-            leaf_nodes = [p[i] for p in patterns]
-            pad_to = max(len(nodes.node_offsets(n)) for n in leaf_nodes) if i in ragged_leaves else None
-            if num_configs == 1:
+        for i in range(len(self.flat_signature)):
+            leaf_nodes = [p[i] for p in self.patterns]
+            pad_to = max(len(nodes.node_offsets(n)) for n in leaf_nodes) if i in self.ragged_leaves else None
+            if self.num_configs == 1:
                 flat_items.append(gather_node(leaf_nodes[0], pad_to))
             else:
                 value = None
@@ -274,49 +355,34 @@ def compile_blocks(blocks: tf.data.Dataset, configs: Sequence[Any], step_spec: A
                         mask = tf.reshape(item_config == k, [-1] + [1] * (gathered.shape.rank - 1))
                         value = tf.where(mask, gathered, value)
                 flat_items.append(value)
-            if i in ragged_leaves:
-                lengths.append(tf.gather(tf.constant([len(nodes.node_offsets(p[i])) for p in patterns],
+            if i in self.ragged_leaves:
+                # Each item's slice length for this leaf: that of its config's node.
+                lengths.append(tf.gather(tf.constant([len(nodes.node_offsets(p[i])) for p in self.patterns],
                                                      tf.int64),
                                          tf.zeros_like(item_step) if item_config is None else item_config))
+        if self.ragged_leaves:
+            return tuple(flat_items), tuple(lengths)
+        return tree.unflatten_as(self.signature, flat_items)
 
-        if ragged_leaves:
-            out = tuple(flat_items), tuple(lengths)
-        else:
-            out = tree.unflatten_as(signature, flat_items)
-        if not carry:
-            return None, out
-        return next_state(buffers, is_last, t, size, state, ssa_new, const), out
+    def next_state(self, buffers, is_last, t, size, state, ssa, const) -> dict:
+        """The state after a block: the newest `history` rows of every column and the counters."""
+        new = {"hist": tuple(_last_rows(buffers[c], self.histories[c], const) for c in self.columns),
+               "s": _next_step_index(is_last, t, size, state["s"], const)}
+        if "first" in state:
+            new["first"] = tf.constant(False)
+        if "n" in state:
+            new["n"] = tf.minimum(state["n"] + size, const(self.capacity, tf.int64))
+        if "ssa" in state:
+            new["ssa"] = ssa
+        return new
 
-    def carry_fn(state, block):
-        """Only what crosses blocks: histories and counters (cheap, so the scan is not the bottleneck)."""
-        const = _Constants()
-        flat_block = tree.flatten(block)
-        is_last = tf.reshape(tf.cast(is_last_fn(block), tf.bool), const([-1], tf.int32))
-        size = tf.shape(is_last, out_type=tf.int64)[0]
-        buffers = column_buffers(state, flat_block, const(0, tf.int32))
-        t = tf.range(const(0, tf.int64), size, const(1, tf.int64))
-        return next_state(buffers, is_last, t, size, state, state.get("ssa"), const), (state, block)
-
-    if ssa_configs or not in_parallel:
-        # steps_since_applied depends on when the config last fired: evaluate inside the scan (as large
-        # blocks are, see `in_parallel`).
-        items = blocks.scan(initial_state, tf.autograph.experimental.do_not_convert(step_fn))
-    else:
-        # Everything else only needs the carried state: evaluate blocks in parallel, in order.
-        items = blocks.scan(initial_state, tf.autograph.experimental.do_not_convert(carry_fn)).map(
-            tf.autograph.experimental.do_not_convert(lambda state, block: step_fn(state, block, carry=False)[1]),
-            num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    if not ragged_leaves:
-        return items_dataset.ItemsDataset(items)
-
-    def cut(flat_items, lengths):
+    def cut(self, flat_items, lengths):
+        """One unbatched item with its ragged leaves cut back to their config's slice length."""
         flat_items = list(flat_items)
-        for j, i in enumerate(ragged_leaves):
+        for j, i in enumerate(self.ragged_leaves):
             flat_items[i] = flat_items[i][:lengths[j]]
-        flat_items = [tf.ensure_shape(x, spec.shape) for x, spec in zip(flat_items, flat_signature)]
-        return tree.unflatten_as(signature, flat_items)
-
-    return items.unbatch().map(cut)
+        flat_items = [tf.ensure_shape(x, spec.shape) for x, spec in zip(flat_items, self.flat_signature)]
+        return tree.unflatten_as(self.signature, flat_items)
 
 
 class _Constants:

@@ -110,7 +110,7 @@ def _windows_by_blocks(dataset, size, shift, stride, drop_remainder):
     if num_tails:
         blocks = blocks.concatenate(tf.data.Dataset.from_tensors(empty).repeat(num_tails))
     scanned = blocks.scan((empty, tf.constant(0, tf.int64)), tf.autograph.experimental.do_not_convert(step))
-    # Two stages on two threads: reading the input and cutting windows (~2/3 of the CPU), then handing the
+    # Two stages on two threads: reading the input and cutting windows (most of the CPU), then handing the
     # windows out one by one. A prefetched block costs one hand-off per ~`_BLOCK_BYTES` of input.
     return scanned.prefetch(1).unbatch()
 

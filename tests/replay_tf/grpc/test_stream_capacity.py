@@ -240,22 +240,25 @@ def test_serve_max_streams_option(tmp_path):
         serve.communicate(timeout=30)
 
 
-def _pool_threads(name_prefix: str) -> int:
-    return sum(t.name.startswith(name_prefix) for t in threading.enumerate())
+def _pool_threads(name_prefix: str, but=frozenset()) -> int:
+    """The live threads named `name_prefix...`, other than the threads `but`."""
+    return sum(t.name.startswith(name_prefix) and t not in but for t in threading.enumerate())
 
 
 def test_stop_ends_the_threads_that_served_streams():
+    # Other servers of this process (earlier tests') keep their own pool threads: count this server's.
+    others = frozenset(t for t in threading.enumerate() if t.name.startswith("replay_tf-grpc"))
     server = reverb.Server(_tables())
     address = f"localhost:{server.port}"
     opener = StreamOpener(address)
     try:
         opener.open(40)
         _wait_open_streams(server, 40)
-        assert _pool_threads("replay_tf-grpc") >= 40
+        assert _pool_threads("replay_tf-grpc", others) >= 40
     finally:
         opener.close()
         server.stop()
     deadline = time.monotonic() + 10
-    while _pool_threads("replay_tf-grpc"):
-        assert time.monotonic() < deadline, f"{_pool_threads('replay_tf-grpc')} server threads left"
+    while _pool_threads("replay_tf-grpc", others):
+        assert time.monotonic() < deadline, f"{_pool_threads('replay_tf-grpc', others)} server threads left"
         time.sleep(0.05)

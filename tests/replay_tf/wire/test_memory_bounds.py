@@ -320,6 +320,15 @@ class _Ended:
         return "the call ended without error"
 
 
+def _insert_measured(server, raw: bytes) -> tuple:
+    """`(status of one InsertStream of request raw, RSS before, RSS after, peak RSS during)` of `server`."""
+    server.reset_peak()
+    before, _ = server.rss()
+    error = _status(server.insert_stream([raw]))
+    after, peak = server.rss()
+    return error, before, after, peak
+
+
 def _status(call):
     """The error that ended `call` (a `grpc.RpcError`), or `_Ended` if it ended without one."""
     try:
@@ -342,10 +351,7 @@ def test_many_tiny_chunks_in_one_request_are_refused_before_parsing(plain_server
     _warm(plain_server, "plain", [4])
     chunks = [_chunk(1000 + k, np.zeros([1], np.int8)) for k in range(limits.MAX_CHUNKS_PER_REQUEST + 30_000)]
     raw = _request(chunks)  # ~3 MiB: each chunk would cost ~1 KiB of objects held for the stream
-    plain_server.reset_peak()
-    before, _ = plain_server.rss()
-    error = _status(plain_server.insert_stream([raw]))
-    after, peak = plain_server.rss()
+    error, before, after, peak = _insert_measured(plain_server, raw)
     assert peak - before < 24 * _MIB, (before, after, peak)
     assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, error.details()
     assert f"MAX_CHUNKS_PER_REQUEST ({limits.MAX_CHUNKS_PER_REQUEST})" in error.details()
@@ -356,10 +362,7 @@ def test_an_item_with_too_many_slices_is_refused_before_parsing(plain_server):
     _warm(plain_server, "plain", [4])
     slices = [(77, 0, 1)] * (limits.MAX_SLICES_PER_REQUEST + 200_000)
     raw = _request([_chunk(77, np.zeros([1, 4], np.uint8))], [_item(78, "plain", slices)])  # ~9 MiB
-    plain_server.reset_peak()
-    before, _ = plain_server.rss()
-    error = _status(plain_server.insert_stream([raw]))
-    after, peak = plain_server.rss()
+    error, before, after, peak = _insert_measured(plain_server, raw)
     # (the item would hold ~40 bytes a slice; the message itself passes through gRPC's buffers)
     assert after - before < _NOISE and peak - before < 48 * _MIB, (before, after, peak)
     assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, error.details()
@@ -416,10 +419,7 @@ def test_chunks_held_for_later_items_are_bounded_per_stream(plain_server):
 def test_a_chunk_over_the_tensor_limit_is_refused_before_decompressing(plain_server):
     _warm(plain_server, "plain", [4])
     raw = _request([_chunk(31, np.zeros([1, 96 * _MIB], np.uint8))])  # ~4.5 MiB of Snappy declaring 96 MiB
-    plain_server.reset_peak()
-    before, _ = plain_server.rss()
-    error = _status(plain_server.insert_stream([raw]))
-    _, peak = plain_server.rss()
+    error, before, _, peak = _insert_measured(plain_server, raw)
     assert peak - before < 32 * _MIB, (before, peak)
     assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, error.details()
     assert (f"chunk 31: tensor 0 of dtype uint8 and shape [1, {96 * _MIB}] decompresses to {96 * _MIB} bytes, "
@@ -430,10 +430,7 @@ def test_a_chunk_over_the_tensor_limit_is_refused_before_decompressing(plain_ser
 def test_a_chunk_no_signature_allows_is_refused_before_decompressing(signed_server):
     _warm(signed_server, "signed", [84, 84, 4])
     raw = _request([_chunk(41, np.zeros([1, 64 * _MIB], np.uint8))])  # within the default tensor limit
-    signed_server.reset_peak()
-    before, _ = signed_server.rss()
-    error = _status(signed_server.insert_stream([raw]))
-    _, peak = signed_server.rss()
+    error, before, _, peak = _insert_measured(signed_server, raw)
     assert peak - before < 32 * _MIB, (before, peak)
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
     assert (f"chunk 41: tensor 0 holds steps of dtype uint8 and shape [{64 * _MIB}], which fit no column of the "
@@ -516,10 +513,7 @@ def test_keep_chunk_keys_are_bounded_before_parsing(plain_server):
     _warm(plain_server, "plain", [4])
     keys = list(range(1 << 60, (1 << 60) + 1_500_000))  # 9 bytes each on the wire: ~13 MiB
     raw = _request([_chunk(51, np.zeros([1, 4], np.uint8))], [_item(52, "plain", [(51, 0, 1)])], keep=keys)
-    plain_server.reset_peak()
-    before, _ = plain_server.rss()
-    error = _status(plain_server.insert_stream([raw]))
-    _, peak = plain_server.rss()
+    error, before, _, peak = _insert_measured(plain_server, raw)
     # The request's bytes in gRPC's buffers and in Python; nothing is parsed. (As Python ints in a set, the
     # keys would cost ~100 bytes each, their listing in an error ~20 more.)
     assert peak - before < 3 * len(raw) + _NOISE, (len(raw), before, peak)
@@ -546,10 +540,7 @@ def test_a_string_tensor_counts_its_elements_before_decoding(plain_server):
     count = 16 * _MIB
     chunk = _empty_strings_chunk(61, count)  # its size bounds the bytes of its strings
     raw = _request([chunk], [_item(62, "plain", [(61, 0, 1)])])  # ~16 MiB
-    plain_server.reset_peak()
-    before, _ = plain_server.rss()
-    error = _status(plain_server.insert_stream([raw]))
-    _, peak = plain_server.rss()
+    error, before, _, peak = _insert_measured(plain_server, raw)
     # The request's bytes in gRPC's buffers and in Python, the parsed message and the chunk's bytes: ~5 copies.
     # (Decoded as Python lists, each empty string, one byte of the request, would cost 16 bytes at least.)
     assert peak - before < 6 * len(raw) + _NOISE, (len(raw), before, peak)

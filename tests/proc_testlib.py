@@ -82,13 +82,18 @@ class Proc:
         self._log.close()
 
 
+def _popen_serve(*args) -> subprocess.Popen:
+    """`python -m replay_tf.cli serve ARGS` from this checkout, stdout and stderr together in its text `stdout`."""
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
+    return subprocess.Popen([sys.executable, "-m", "replay_tf.cli", "serve", *args], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
 def start_serve(*args) -> tuple:
     """`replay-tf serve ARGS` in a process of its own (stdout and stderr in its text `stdout`); returns
     `(process, port)` once it serves."""
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
-    proc = subprocess.Popen([sys.executable, "-m", "replay_tf.cli", "serve", *args], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = _popen_serve(*args)
     seen = []
     for line in proc.stdout:
         seen.append(line)
@@ -126,10 +131,7 @@ class ServeProcess:
     """`python -m replay_tf.cli serve ...` with its stdout read line by line on a thread."""
 
     def __init__(self, *args):
-        env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
-                   TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
-        self.proc = subprocess.Popen([sys.executable, "-m", "replay_tf.cli", "serve", *args], cwd=ROOT, env=env,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.proc = _popen_serve(*args)
         self.lines = queue.Queue()
         self.seen = []
         self.reader = threading.Thread(target=self._read, daemon=True)

@@ -18,7 +18,7 @@ import numpy as np
 
 from replay_tf import errors
 from replay_tf.core import chunk_store
-from replay_tf.wire import _raw
+from replay_tf.wire import raw_fields
 from replay_tf.wire import chunk_codec
 from replay_tf.wire import tensor_codec
 
@@ -264,15 +264,15 @@ class StackedLayout:
         parts: list = []  # bytes, and in place of each column's content its (dtype, shape, nbytes)
         for _, number, dtype, attribute in _INFO_FIELDS:
             content = np.fromiter(map(operator.attrgetter(attribute), sampled), dtype, n).tobytes()
-            parts += [_raw.varint(number << 3 | 2), _raw.varint(len(content)), content]
+            parts += [raw_fields.varint(number << 3 | 2), raw_fields.varint(len(content)), content]
         for dtype, shape in layouts:
             shape = (n, *shape)
             nbytes = math.prod(shape) * dtype.itemsize
-            head = _raw.tensor_head(tensor_codec.dtype_enum(dtype), shape, nbytes)
-            parts += [_raw.TAG_STACKED_COLUMN, _raw.varint(len(head) + nbytes), head, (dtype, shape, nbytes)]
+            head = raw_fields.tensor_head(tensor_codec.dtype_enum(dtype), shape, nbytes)
+            parts += [raw_fields.TAG_STACKED_COLUMN, raw_fields.varint(len(head) + nbytes), head, (dtype, shape, nbytes)]
         body = sum(len(p) if type(p) is bytes else p[2] for p in parts)
         self._num_columns = len(layouts)
-        self._parts = [_raw.TAG_RESPONSE_STACKED, _raw.varint(body), *parts]
+        self._parts = [raw_fields.TAG_RESPONSE_STACKED, raw_fields.varint(body), *parts]
         self.size = 2 + len(self._parts[1]) + body
 
     def join(self, columns: list) -> bytes:
@@ -320,10 +320,10 @@ def read_stacked_response(raw: bytes) -> Optional[StackedSamples]:
     alone, packed info fields, columns of dtype, shape and content), read without protobuf: the columns are
     views of `raw` (protobuf would copy each twice). None for any other encoding (entries, fields repeated
     or unpacked, ...): parse those with protobuf. Errors as `stacked_from_proto`'s."""
-    if raw[:2] != _raw.TAG_RESPONSE_STACKED:
+    if raw[:2] != raw_fields.TAG_RESPONSE_STACKED:
         return None
     try:
-        size, pos = _raw.read_varint(raw, 2)
+        size, pos = raw_fields.read_varint(raw, 2)
         if pos + size != len(raw):
             return None
         view = memoryview(raw)
@@ -331,7 +331,7 @@ def read_stacked_response(raw: bytes) -> Optional[StackedSamples]:
         columns = []
         while pos < len(raw):
             tag = raw[pos]
-            size, pos = _raw.read_varint(raw, pos + 1)
+            size, pos = raw_fields.read_varint(raw, pos + 1)
             field, end = tag >> 3, pos + size
             if tag & 7 != 2 or end > len(raw) or not 1 <= field <= 7:
                 return None
@@ -360,7 +360,7 @@ def _read_tensor(raw: bytes, view: memoryview, pos: int, end: int) -> Optional[t
     dtype, shape, content = 0, None, b""
     while pos < end:
         tag = raw[pos]
-        value, pos = _raw.read_varint(raw, pos + 1)
+        value, pos = raw_fields.read_varint(raw, pos + 1)
         if tag == 0x08:
             if value >= 1 << 31:  # (protobuf truncates it to an int32)
                 return None
@@ -372,12 +372,12 @@ def _read_tensor(raw: bytes, view: memoryview, pos: int, end: int) -> Optional[t
             while pos < stop:
                 if raw[pos] != 0x12:
                     return None
-                dim_size, pos = _raw.read_varint(raw, pos + 1)
+                dim_size, pos = raw_fields.read_varint(raw, pos + 1)
                 dim_end, size = pos + dim_size, 0
                 while pos < dim_end:
                     if raw[pos] != 0x08:
                         return None
-                    size, pos = _raw.read_varint(raw, pos + 1)
+                    size, pos = raw_fields.read_varint(raw, pos + 1)
                 if pos != dim_end:
                     return None
                 dims.append(size - (1 << 64) if size >= 1 << 63 else size)  # (int64, as protobuf reads it)

@@ -13,7 +13,7 @@ from replay_tf import errors
 from replay_tf.core import chunk_store as chunk_store_lib
 from replay_tf.grpc import common
 from replay_tf.grpc import malloc
-from replay_tf.wire import _raw
+from replay_tf.wire import raw_fields
 from replay_tf.wire import chunk_codec
 from replay_tf.wire import reverb_service_pb2
 
@@ -124,14 +124,14 @@ class _Connection:
 
         The request is assembled as bytes (chunks = 1, items = 2, keep_chunk_keys = 3): each chunk not sent
         before on this call as its serialized ChunkData (see `chunk_codec.serialized_chunk_parts`), before the
-        first item that uses it; items written field by field (see `_raw`).
+        first item that uses it; items written field by field (see `wire.raw_fields`).
         """
         items, tables = self._items, self._tables
         if not items:
             return None
         self._items, self._tables, self._size, self._chunk_keys = [], [], 0, {}
         sent, key_fields, table_fields = self.sent, self._key_fields, self._table_fields
-        request_item, trajectory_bytes = _raw.request_item, _raw.resolved_trajectory
+        request_item, trajectory_bytes = raw_fields.request_item, raw_fields.resolved_trajectory
         parts: list = []
         for table, item in zip(tables, items):
             columns = item.resolved_columns
@@ -143,20 +143,20 @@ class _Connection:
                     if field is None:
                         key_field = key_fields.get(chunk_key)
                         if key_field is None:  # (the item's slices will use it too)
-                            key_field = key_fields[chunk_key] = _raw.key_field(chunk_key)
+                            key_field = key_fields[chunk_key] = raw_fields.key_field(chunk_key)
                         field = sent[chunk_key] = _chunk_field(chunk, key_field)
                         parts += field  # (the compressed contents are copied once, by the join)
                     record += (chunk_key, field)
             table_field = table_fields.get(table)
             if table_field is None:
-                table_field = table_fields[table] = _raw.table_field(table) if table else b""
+                table_field = table_fields[table] = raw_fields.table_field(table) if table else b""
             record[0] = request_item(item.key, table_field, item.priority, int(item.inserted_at or 0),
                                      trajectory_bytes(columns, key_fields))
             parts.append(record[0])
             unconfirmed[item.key] = tuple(record)
         # Drop our own references: the items die here (their records and the writer hold what is needed).
         items = tables = item = columns = column = chunk = None
-        parts.append(_raw.keep_chunk_keys(self._keep(unconfirmed), key_fields))
+        parts.append(raw_fields.keep_chunk_keys(self._keep(unconfirmed), key_fields))
         if len(key_fields) > _MAX_KEY_FIELDS:
             key_fields.clear()
         return b"".join(parts)
@@ -186,7 +186,7 @@ class _Connection:
             if size >= common.MAX_REQUEST_BYTES or num_items >= common.MAX_REQUEST_ITEMS or index == len(records) - 1:
                 for chunk_key in [key for key in sent if last_use[key] <= index]:
                     del sent[chunk_key]
-                parts.append(_raw.keep_chunk_keys(list(sent)))
+                parts.append(raw_fields.keep_chunk_keys(list(sent)))
                 requests.append(b"".join(parts))
                 parts, size, num_items = [], 0, 0
         return requests
@@ -200,7 +200,7 @@ def _chunk_field(chunk: chunk_store_lib.Chunk, key_field: bytes) -> tuple:
     oldest generation.
     """
     chunk_data = chunk_codec.serialized_chunk_parts(chunk, key_field)
-    return (_raw.request_chunk_head(sum(map(len, chunk_data))), *chunk_data)
+    return (raw_fields.request_chunk_head(sum(map(len, chunk_data))), *chunk_data)
 
 
 def _record_chunk_keys(entries) -> set:

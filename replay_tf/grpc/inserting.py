@@ -32,7 +32,7 @@ from replay_tf.grpc import insert_queue
 from replay_tf.grpc import statuses
 from replay_tf.grpc import stream_slots
 from replay_tf.grpc import table_entry
-from replay_tf.wire import _raw
+from replay_tf.wire import raw_fields
 from replay_tf.wire import chunk_codec
 from replay_tf.wire import tensor_codec
 from replay_tf.wire import limits
@@ -115,7 +115,7 @@ class InsertStreams:
                     if chunk_proto.chunk_key in held:
                         continue  # the first copy wins, as in Reverb
                     if ranges is None:
-                        ranges = _raw.message_field_ranges(raw, _raw.REQUEST_CHUNKS_TAG)
+                        ranges = raw_fields.message_field_ranges(raw, raw_fields.REQUEST_CHUNKS_TAG)
                         if ranges is None or len(ranges) != len(chunk_protos):
                             ranges = ()  # not walkable: each chunk is serialized from its proto
                     # A chunk is kept as the bytes it arrived as (a slice of the request), not serialized again.

@@ -16,7 +16,7 @@ from replay_tf.core import table as table_lib
 from replay_tf.grpc import common
 from replay_tf.grpc import malloc
 from replay_tf.grpc import shared_memory as shared_memory_lib
-from replay_tf.wire import _raw
+from replay_tf.wire import raw_fields
 from replay_tf.wire import limits
 from replay_tf.wire import tensor_codec
 from replay_tf.wire import reverb_service_pb2
@@ -136,10 +136,10 @@ class SampleStream:
             for raw in call:
                 if ring is not None:
                     ring.unlink()  # (the server has mapped it, or never will)
-                    if raw[:2] == _raw.TAG_RESPONSE_SHARED_SLOT:
+                    if raw[:2] == raw_fields.TAG_RESPONSE_SHARED_SLOT:
                         slot = reverb_service_pb2.SampleStreamResponse.FromString(raw).replay_tf_shared_slot
                         raw = ring.take(slot.slot, slot.size)
-                        if raw[:2] != _raw.TAG_RESPONSE_STACKED:
+                        if raw[:2] != raw_fields.TAG_RESPONSE_STACKED:
                             raise errors.ReverbError("SampleStream wrote a response other than stacked samples "
                                                      "into shared memory")
                 stacked = _stacking.read_stacked_response(raw) if self._stacked else None

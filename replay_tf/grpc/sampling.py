@@ -24,7 +24,7 @@ from replay_tf.grpc import malloc
 from replay_tf.grpc import shared_memory
 from replay_tf.grpc import statuses
 from replay_tf.grpc import table_entry
-from replay_tf.wire import _raw
+from replay_tf.wire import raw_fields
 from replay_tf.wire import chunk_codec
 from replay_tf.wire import protos
 from replay_tf.wire import reverb_service_pb2
@@ -119,7 +119,7 @@ class SampleStreams:
         prefix = self._trajectories.get(item)
         if prefix is None:
             trajectory = protos.trajectory_to_proto(item.trajectory).SerializeToString()
-            prefix = _raw.item_prefix(item.key, entry.table_field, item.inserted_at, trajectory)
+            prefix = raw_fields.item_prefix(item.key, entry.table_field, item.inserted_at, trajectory)
             with self._trajectories_lock:
                 self._trajectories[item] = prefix
         return prefix
@@ -130,7 +130,7 @@ class SampleStreams:
             cached = self._chunk_heads.get(chunk)
             serialized = chunk_codec.serialized_chunk(chunk)
             if cached is None or cached[1] is not serialized:
-                cached = _raw.chunk_field(serialized)
+                cached = raw_fields.chunk_field(serialized)
                 self._chunk_heads[chunk] = cached
             fields.append(cached)
         return fields
@@ -181,7 +181,7 @@ class SampleStreams:
         parts, size = [], 0
         for sampled in batch:
             item = sampled.item
-            info = _raw.sample_info(self._item_prefix(entry, item), sampled.priority, sampled.times_sampled,
+            info = raw_fields.sample_info(self._item_prefix(entry, item), sampled.priority, sampled.times_sampled,
                                     sampled.probability, sampled.table_size, sampled.rate_limited)
             # One entry per sample unless the response would grow past the target: then the sample
             # continues in the next response, in entries without info.
@@ -189,12 +189,12 @@ class SampleStreams:
             for field in self._chunk_fields(item):
                 chunk_size = len(field[1])
                 if pending and size + chunk_size > _RESPONSE_TARGET_BYTES:
-                    parts += _raw.entry_parts(info, pending, False)
+                    parts += raw_fields.entry_parts(info, pending, False)
                     yield b"".join(parts)
                     parts, size, info, pending = [], 0, None, []
                 pending.append(field)
                 size += chunk_size
-            parts += _raw.entry_parts(info, pending, True)
+            parts += raw_fields.entry_parts(info, pending, True)
             size += 64
             if size >= _RESPONSE_TARGET_BYTES:
                 yield b"".join(parts)

@@ -10,7 +10,7 @@ import dataclasses
 
 from replay_tf.core import table as table_lib
 from replay_tf.grpc import insert_queue
-from replay_tf.wire import _raw
+from replay_tf.wire import raw_fields
 from replay_tf.wire import protos
 from replay_tf.wire import schema_pb2
 from replay_tf.wire import table_info
@@ -24,7 +24,7 @@ class TableEntry:
     def __init__(self, table: table_lib.Table):
         self.table = table
         self.name = table.name
-        self.table_field = _raw.table_field(table.name)
+        self.table_field = raw_fields.table_field(table.name)
         self._signature_proto = None
         self.inserts = insert_queue.InsertQueue(table)
 

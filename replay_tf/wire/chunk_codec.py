@@ -2,7 +2,7 @@
 server runs on every chunk it receives or restores.
 
 Encoding: `chunk_to_proto` builds the message; `serialized_chunk` / `serialized_chunk_parts` assemble the
-bytes of numeric chunks directly (`_raw`), without building protos. Decoding: `chunk_from_proto` checks
+bytes of numeric chunks directly (`raw_fields.py`), without building protos. Decoding: `chunk_from_proto` checks
 the headers (and with `check_content` every content, decompressed into a few shared scratch buffers) and
 returns a chunk decoded on first access; `stored_tensors` / `pending_tensors` read a chunk's tensors as
 `PendingTensor`s without decoding them. Tensors are encoded by `tensor_codec`.
@@ -20,7 +20,7 @@ from replay_tf.core import chunk_store
 from replay_tf.wire import limits
 from replay_tf.wire import schema_pb2
 from replay_tf.wire import tensor_codec
-from replay_tf.wire import _raw
+from replay_tf.wire import raw_fields
 from replay_tf.wire.tensor_codec import ChunkDecodeError
 
 __all__ = [
@@ -47,7 +47,7 @@ def stored_tensors(chunk: chunk_store.Chunk) -> Optional[list]:
     serialized = chunk.encoded
     if type(serialized) is not bytes or chunk.is_decoded:
         return None
-    fields = _raw.chunk_tensor_fields(serialized)
+    fields = raw_fields.chunk_tensor_fields(serialized)
     views = []
     if fields is not None:
         view = memoryview(serialized)
@@ -174,7 +174,7 @@ def _decompress_into_scratch(content, size: int) -> int:
 def _check_contents(proto: schema_pb2.ChunkData, serialized: bytes, tensors, headers: list) -> None:
     """ChunkDecodeError unless every tensor of a chunk whose headers passed decodes in full (see
     `chunk_from_proto`). Numeric contents are read in place from `serialized` when its bytes can be walked."""
-    fields = _raw.chunk_tensor_fields(serialized)
+    fields = raw_fields.chunk_tensor_fields(serialized)
     if fields is not None and len(fields) == len(headers):
         view = memoryview(serialized)
         contents = [view[start:end] for _, _, (start, end) in fields]
@@ -222,7 +222,7 @@ def _seen_headers(chunk_key: int, serialized: bytes, rows: int, check_content: b
     `tensor_content` to be read), each content decompressed in full when `check_content` (after
     `check_step` accepted its header); None otherwise, for the checks on the parsed chunk to run (and name
     what is wrong)."""
-    fields = _raw.chunk_tensor_fields(serialized)
+    fields = raw_fields.chunk_tensor_fields(serialized)
     if not fields:
         return None
     view = memoryview(serialized)
@@ -281,7 +281,7 @@ def string_lengths(chunk: chunk_store.Chunk, index: int) -> np.ndarray:
 def serialized_chunk(chunk: chunk_store.Chunk) -> bytes:
     """The serialized `ChunkData` of a core chunk, cached on the chunk (re-encoded if it grew since).
 
-    Chunks of numeric tensors are assembled as bytes (`_raw`, the bytes protobuf writes, without building
+    Chunks of numeric tensors are assembled as bytes (`raw_fields.py`, the bytes protobuf writes, without building
     protos); strings, byte-swapped and delta-encoded tensors go through `chunk_to_proto`.
     """
     serialized = _cached_serialized(chunk)
@@ -294,7 +294,7 @@ def serialized_chunk(chunk: chunk_store.Chunk) -> bytes:
 def serialized_chunk_parts(chunk: chunk_store.Chunk, key_field: Optional[bytes] = None) -> list:
     """`serialized_chunk(chunk)` as a list of bytes-like parts that join to it, for a chunk sent once (an
     insert stream): its compressed contents are not copied into one `bytes`, and nothing is cached.
-    `key_field` is `_raw.key_field(chunk.key)` if the caller has it."""
+    `key_field` is `raw_fields.key_field(chunk.key)` if the caller has it."""
     serialized = _cached_serialized(chunk)
     if serialized is not None:
         return [serialized]
@@ -318,7 +318,7 @@ def _encoded_chunk_parts(chunk: chunk_store.Chunk) -> list:
 
 
 def _numeric_chunk_parts(chunk: chunk_store.Chunk, key_field: Optional[bytes] = None) -> Optional[list]:
-    """`chunk_to_proto(chunk).SerializeToString()` written by `_raw` as a list of bytes-like parts (the
+    """`chunk_to_proto(chunk).SerializeToString()` written by `raw_fields` as a list of bytes-like parts (the
     compressed contents as cramjam returns them, uncopied), or None when a tensor needs the general path
     (strings, byte-swapped, or delta-encoded)."""
     rows = chunk.num_rows
@@ -330,16 +330,16 @@ def _numeric_chunk_parts(chunk: chunk_store.Chunk, key_field: Optional[bytes] = 
         if array.dtype.kind not in "biufc" or not array.dtype.isnative or (delta and tensor_codec.delta_applies(array)):
             return None
         content = cramjam.snappy.compress_raw(np.ascontiguousarray(array))
-        tensors.append((_raw.tensor_head(tensor_codec.dtype_enum(array.dtype), array.shape, len(content)), content))
+        tensors.append((raw_fields.tensor_head(tensor_codec.dtype_enum(array.dtype), array.shape, len(content)), content))
         uncompressed += array.nbytes
     r = chunk.sequence_range
     global _last_episode_field
     episode = _last_episode_field  # (consecutive chunks are mostly of one episode)
     if episode[0] != r.episode_id:
-        episode = _last_episode_field = (r.episode_id, _raw.key_field(r.episode_id))
+        episode = _last_episode_field = (r.episode_id, raw_fields.key_field(r.episode_id))
     if key_field is None:
-        key_field = _raw.key_field(chunk.key)
-    return _raw.chunk_data_parts(key_field, episode[1], r.start, r.end, r.sparse, delta, tensors, uncompressed)
+        key_field = raw_fields.key_field(chunk.key)
+    return raw_fields.chunk_data_parts(key_field, episode[1], r.start, r.end, r.sparse, delta, tensors, uncompressed)
 
 
-_last_episode_field = (None, b"")  # (episode id, its `_raw.key_field`)
+_last_episode_field = (None, b"")  # (episode id, its `raw_fields.key_field`)

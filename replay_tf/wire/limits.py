@@ -20,7 +20,7 @@ from typing import Optional
 
 import numpy as np
 
-from replay_tf.wire import _raw
+from replay_tf.wire import raw_fields
 
 #: Chunks one `InsertStreamRequest` may carry (counted in the request's bytes, before it is parsed).
 MAX_CHUNKS_PER_REQUEST = 1 << 16
@@ -64,12 +64,12 @@ class LimitExceededError(ValueError):
 
 
 # Module-level names for the field walk below (one global lookup each, not an attribute lookup per field).
-_CHUNKS_TAG = _raw.REQUEST_CHUNKS_TAG
-_ITEMS_TAG = _raw.REQUEST_ITEMS_TAG
-_KEEP_PACKED_TAG = _raw.REQUEST_KEEP_PACKED_TAG
-_KEEP_TAG = _raw.REQUEST_KEEP_TAG
-_TRAJECTORY_TAG = _raw.ITEM_TRAJECTORY_TAG
-_REPEATED_TAG = _raw.REPEATED_TAG
+_CHUNKS_TAG = raw_fields.REQUEST_CHUNKS_TAG
+_ITEMS_TAG = raw_fields.REQUEST_ITEMS_TAG
+_KEEP_PACKED_TAG = raw_fields.REQUEST_KEEP_PACKED_TAG
+_KEEP_TAG = raw_fields.REQUEST_KEEP_TAG
+_TRAJECTORY_TAG = raw_fields.ITEM_TRAJECTORY_TAG
+_REPEATED_TAG = raw_fields.REPEATED_TAG
 _MIN_SLICE_BYTES = 2        # a chunk slice costs at least its tag and its length on the wire
 
 

@@ -28,7 +28,7 @@ import cramjam
 import numpy as np
 
 from replay_tf.wire import limits
-from replay_tf.wire import _raw
+from replay_tf.wire import raw_fields
 
 __all__ = [
     "ChunkDecodeError",
@@ -290,7 +290,7 @@ def _as_bytes(value) -> bytes:
 def _encode_string_list(array: np.ndarray) -> bytes:
     # TF's EncodeStringList: every length as a varint, then every string's bytes.
     values = [_as_bytes(v) for v in array.reshape(-1)]
-    return b"".join([_raw.varint(len(v)) for v in values] + values)
+    return b"".join([raw_fields.varint(len(v)) for v in values] + values)
 
 
 def check_string_tensor_bytes(count: int, data_bytes: int, shape: tuple, what: str) -> None:

@@ -108,7 +108,7 @@ def test_unseen_headers_are_decoded_the_usual_way():
 
 @pytest.mark.parametrize("with_info, end_of_sequence", [(True, True), (True, False), (False, True)])
 def test_sample_entry_parts_serialize_as_protobuf_does(with_info, end_of_sequence):
-    from replay_tf.wire import _raw, reverb_service_pb2, schema_pb2  # noqa: PLC0415
+    from replay_tf.wire import raw_fields, reverb_service_pb2, schema_pb2  # noqa: PLC0415
 
     chunks = [schema_pb2.ChunkData(chunk_key=k, delta_encoded=bool(k % 2)) for k in (7, 300)]
     chunks[1].data.tensors.add().tensor_content = bytes(range(200))  # a length that takes a 2-byte varint
@@ -118,6 +118,6 @@ def test_sample_entry_parts_serialize_as_protobuf_does(with_info, end_of_sequenc
     entry = expected.entries.add(data=chunks, end_of_sequence=end_of_sequence)
     if with_info:
         entry.info.CopyFrom(info)
-    fields = [_raw.chunk_field(c.SerializeToString()) for c in chunks]
-    parts = _raw.entry_parts(info.SerializeToString() if with_info else None, fields, end_of_sequence)
+    fields = [raw_fields.chunk_field(c.SerializeToString()) for c in chunks]
+    parts = raw_fields.entry_parts(info.SerializeToString() if with_info else None, fields, end_of_sequence)
     assert b"".join(parts) == expected.SerializeToString()

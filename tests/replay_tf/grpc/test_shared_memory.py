@@ -21,7 +21,7 @@ from replay_tf.core import chunk_store
 from replay_tf.core import table as table_lib
 from replay_tf.grpc import client_transport
 from replay_tf.grpc import shared_memory
-from replay_tf.wire import _raw
+from replay_tf.wire import raw_fields
 from replay_tf.wire import chunk_codec
 from replay_tf.wire import reverb_service_pb2
 
@@ -42,7 +42,7 @@ def taken(monkeypatch) -> list:
 
     def take(self, slot, size):
         content = original(self, slot, size)
-        assert content[:2] == _raw.TAG_RESPONSE_STACKED
+        assert content[:2] == raw_fields.TAG_RESPONSE_STACKED
         taken.append(size)
         return content
     monkeypatch.setattr(shared_memory.Ring, "take", take)

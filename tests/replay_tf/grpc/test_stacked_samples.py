@@ -397,8 +397,8 @@ def test_the_raw_reader_never_reads_on_past_a_varint_or_what_protobuf_reads_othe
 
 
 def _raw_varint(value: int) -> bytes:
-    from replay_tf.wire import _raw
-    return _raw.varint(value)
+    from replay_tf.wire import raw_fields
+    return raw_fields.varint(value)
 
 
 def test_samples_with_string_columns_go_as_entries_a_response_of_several(monkeypatch):

@@ -27,7 +27,7 @@ import tensorflow as tf
 import replay_tf as reverb
 from replay_tf import _transport as transport_lib
 from replay_tf.core import chunk_store
-from replay_tf.wire import _raw
+from replay_tf.wire import raw_fields
 from replay_tf.wire import chunk_codec
 from replay_tf.wire import reverb_service_pb2
 from replay_tf.wire import schema_pb2
@@ -114,7 +114,7 @@ def _valid_insert(rng: random.Random) -> reverb_service_pb2.InsertStreamRequest:
 
 def _flexible_batch_size(value: int) -> bytes:
     """Field 4 of `SampleStreamRequest` (Reverb's `flexible_batch_size`, reserved in our proto), serialized."""
-    return b"\x20" + _raw.varint(value)
+    return b"\x20" + raw_fields.varint(value)
 
 
 def _valid_sample(rng: random.Random) -> bytes:

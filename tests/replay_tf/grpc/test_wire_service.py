@@ -16,7 +16,7 @@ from replay_tf import errors
 from replay_tf.core import chunk_store
 from replay_tf.grpc import common
 from replay_tf.grpc import service
-from replay_tf.wire import _raw
+from replay_tf.wire import raw_fields
 from replay_tf.wire import chunk_codec
 from replay_tf.wire import reverb_service_pb2
 from replay_tf.wire import schema_pb2
@@ -299,7 +299,7 @@ def test_a_chunk_is_kept_as_the_bytes_it_arrived_as(channel, server):
     reordered = (schema_pb2.ChunkData(data=proto.data).SerializeToString()
                  + schema_pb2.ChunkData(chunk_key=320, sequence_range=proto.sequence_range).SerializeToString())
     assert reordered != proto.SerializeToString()
-    request = (b"\x0a" + _raw.varint(len(reordered)) + reordered
+    request = (b"\x0a" + raw_fields.varint(len(reordered)) + reordered
                + _request([], [(321, "t", [(320, 1, 2)], False)]))
     _stream(channel, "InsertStream", [request])
     [stored] = server.chunk_store.get([320])

@@ -12,7 +12,7 @@ from replay_tf.core import chunk_store
 from replay_tf.core import rate_limiters
 from replay_tf.core import selectors
 from replay_tf.core import table as table_lib
-from replay_tf.wire import _raw
+from replay_tf.wire import raw_fields
 from replay_tf.wire import chunk_codec
 from replay_tf.wire import protos
 from replay_tf.wire import table_info
@@ -270,16 +270,16 @@ def test_message_field_ranges_finds_each_repeated_element_in_order():
     extra = reverb_service_pb2.InsertStreamRequest(chunks=[_chunk_proto(key=7)]).SerializeToString()
     serialized += extra
     parsed = reverb_service_pb2.InsertStreamRequest.FromString(serialized)
-    ranges = _raw.message_field_ranges(serialized, 0x0A)
+    ranges = raw_fields.message_field_ranges(serialized, 0x0A)
     assert [serialized[a:b] for a, b in ranges] == [c.SerializeToString() for c in parsed.chunks]
     assert len(ranges) == 4
-    [(a, b)] = _raw.message_field_ranges(serialized, 0x12)
+    [(a, b)] = raw_fields.message_field_ranges(serialized, 0x12)
     assert serialized[a:b] == parsed.items[0].SerializeToString()
     # What the walk cannot read is left to protobuf: a group, a truncated field, an endless varint.
-    assert _raw.message_field_ranges(b"\x0b\x0c", 0x0A) is None
-    assert _raw.message_field_ranges(serialized[:-1], 0x0A) is None
-    assert _raw.message_field_ranges(b"\x08" + b"\xff" * 11, 0x0A) is None
-    assert _raw.message_field_ranges(b"", 0x0A) == []
+    assert raw_fields.message_field_ranges(b"\x0b\x0c", 0x0A) is None
+    assert raw_fields.message_field_ranges(serialized[:-1], 0x0A) is None
+    assert raw_fields.message_field_ranges(b"\x08" + b"\xff" * 11, 0x0A) is None
+    assert raw_fields.message_field_ranges(b"", 0x0A) == []
 
 
 def test_deprecated_data_is_read():

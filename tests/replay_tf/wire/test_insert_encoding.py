@@ -1,10 +1,10 @@
-"""The writer's hand-assembled InsertStream bytes (`wire._raw`, `chunk_codec.serialized_chunk`) equal what the generated
+"""The writer's hand-assembled InsertStream bytes (`wire.raw_fields`, `chunk_codec.serialized_chunk`) equal what the generated
 protobuf classes serialize for the same chunks and items, field for field and byte for byte."""
 import numpy as np
 import pytest
 
 from replay_tf.core import chunk_store as cs
-from replay_tf.wire import _raw
+from replay_tf.wire import raw_fields
 from replay_tf.wire import chunk_codec
 from replay_tf.wire import protos
 from replay_tf.wire import reverb_service_pb2
@@ -46,7 +46,7 @@ def test_fields_cached_across_chunks_do_not_leak_between_them():
         key = [0, 1000 + i][i % 2] if i < 4 else 2**64 - i
         fast, reference = _chunks(key, [array], cs.SequenceRange(episode, i, i + 1), False)
         expected = chunk_codec.chunk_to_proto(reference).SerializeToString()
-        key_field = _raw.key_field(key) if i % 3 else None
+        key_field = raw_fields.key_field(key) if i % 3 else None
         assert b"".join(chunk_codec.serialized_chunk_parts(fast, key_field)) == expected, i
 
 
@@ -77,12 +77,12 @@ def test_request_items_and_keep_keys_serialize_as_protobuf_does():
                         proto.inserted_at.seconds, proto.inserted_at.nanos = divmod(inserted_at, 10**9)
                     protos.trajectory_to_proto(item.trajectory, proto.flat_trajectory)
                     request.keep_chunk_keys.extend([5, 2**64 - 1, 0])
-                    got = (_raw.request_item(key, _raw.table_field(table) if table else b"", item.priority,
-                                             inserted_at, _raw.flat_trajectory(item.trajectory))
-                           + _raw.keep_chunk_keys([5, 2**64 - 1, 0]))
+                    got = (raw_fields.request_item(key, raw_fields.table_field(table) if table else b"", item.priority,
+                                             inserted_at, raw_fields.flat_trajectory(item.trajectory))
+                           + raw_fields.keep_chunk_keys([5, 2**64 - 1, 0]))
                     assert got == request.SerializeToString(), (trajectory, priority, key, table)
-    assert _raw.keep_chunk_keys([]) == b""
-    assert _raw.request_chunk_head(3) + b"xyz" == b"\x0a\x03xyz"
+    assert raw_fields.keep_chunk_keys([]) == b""
+    assert raw_fields.request_chunk_head(3) + b"xyz" == b"\x0a\x03xyz"
 
 
 @pytest.mark.parametrize("keys, cached", [
@@ -94,10 +94,10 @@ def test_keep_chunk_keys_from_cached_key_fields(keys, cached):
     key_fields: dict = {}
     columns = ((False, *(v for k in cached for v in (cs.Chunk(k, [np.zeros((1,), np.int8)], cs.SequenceRange(1, 0, 0)),
                                                     0, 0, 1))),) if cached else ()
-    _raw.resolved_trajectory(columns, key_fields)
+    raw_fields.resolved_trajectory(columns, key_fields)
     assert sorted(key_fields) == sorted(cached)
     expected = reverb_service_pb2.InsertStreamRequest(keep_chunk_keys=keys).SerializeToString()
-    assert _raw.keep_chunk_keys(keys, key_fields) == expected
+    assert raw_fields.keep_chunk_keys(keys, key_fields) == expected
 
 
 def test_resolved_trajectories_serialize_as_the_flat_trajectory():
@@ -119,6 +119,6 @@ def test_resolved_trajectories_serialize_as_the_flat_trajectory():
         proto = reverb_service_pb2.InsertStreamRequest().items.add()
         protos.trajectory_to_proto(item.trajectory, proto.flat_trajectory)
         expected = proto.flat_trajectory.SerializeToString()
-        assert _raw.resolved_trajectory(item.resolved_columns, key_fields) == expected, trajectory
-        assert _raw.flat_trajectory(item.trajectory) == expected
+        assert raw_fields.resolved_trajectory(item.resolved_columns, key_fields) == expected, trajectory
+        assert raw_fields.flat_trajectory(item.trajectory) == expected
     assert set(key_fields) == {0, 5, 2**64 - 1}

@@ -20,7 +20,7 @@ import tensorflow as tf
 import replay_tf as reverb
 from replay_tf import errors
 from replay_tf.grpc import sample_stream
-from replay_tf.wire import _raw
+from replay_tf.wire import raw_fields
 from replay_tf.wire import chunk_codec
 from replay_tf.wire import tensor_codec
 from replay_tf.wire import limits
@@ -44,7 +44,7 @@ _HELD_NOISE = 48 * _MIB
 # --- building requests as bytes ---
 
 def _field(tag: int, payload: bytes) -> bytes:
-    return bytes([tag]) + _raw.varint(len(payload)) + payload
+    return bytes([tag]) + raw_fields.varint(len(payload)) + payload
 
 
 def _chunk(key: int, array: np.ndarray) -> bytes:

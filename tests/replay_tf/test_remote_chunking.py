@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 import replay_tf as reverb
-from replay_tf import _column_chunker
+from replay_tf.writing import column_chunker as _column_chunker
 from replay_tf.grpc import client_transport
 from replay_tf import _transport as transport_lib
 

@@ -29,7 +29,7 @@ import tree
 
 from replay_tf import errors
 from replay_tf import reverb_types  # noqa: F401  (Reverb's `structured_writer.reverb_types`)
-from replay_tf._writer_context import FlushOnExitCloseOnDelete
+from replay_tf.writing.context import FlushOnExitCloseOnDelete
 from replay_tf.core.chunk_store import Item
 from replay_tf.writing.column_chunker import _ColumnChunker, _new_key, with_hint
 from replay_tf._leaves import flat_dict_keys, leaf_array, path_str

@@ -41,7 +41,7 @@ import numpy as np
 import tree
 
 from replay_tf import errors
-from replay_tf._writer_context import FlushOnExitCloseOnDelete
+from replay_tf.writing.context import FlushOnExitCloseOnDelete
 from replay_tf.writing.column_chunker import _CellRef, _ColumnChunker, _new_key
 from replay_tf._leaves import flat_dict_keys, leaf_array
 from replay_tf._leaves import path_str as _path_str

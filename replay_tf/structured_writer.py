@@ -32,7 +32,7 @@ from replay_tf import reverb_types  # noqa: F401  (Reverb's `structured_writer.r
 from replay_tf.writing.context import FlushOnExitCloseOnDelete
 from replay_tf.core.chunk_store import Item
 from replay_tf.writing.column_chunker import _ColumnChunker, _new_key, with_hint
-from replay_tf._leaves import flat_dict_keys, leaf_array, path_str
+from replay_tf.writing.leaves import flat_dict_keys, leaf_array, path_str
 from rlds_tf.patterns import Condition
 from rlds_tf.patterns import ConditionProto
 from rlds_tf.patterns import Config

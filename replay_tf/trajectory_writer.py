@@ -43,8 +43,8 @@ import tree
 from replay_tf import errors
 from replay_tf.writing.context import FlushOnExitCloseOnDelete
 from replay_tf.writing.column_chunker import _CellRef, _ColumnChunker, _new_key
-from replay_tf._leaves import flat_dict_keys, leaf_array
-from replay_tf._leaves import path_str as _path_str
+from replay_tf.writing.leaves import flat_dict_keys, leaf_array
+from replay_tf.writing.leaves import path_str as _path_str
 from replay_tf.core.chunk_store import Chunk, Item
 from replay_tf.core.table import _shape_compatible, _signature_entries
 

@@ -42,10 +42,10 @@ import tree
 
 from replay_tf import errors
 from replay_tf.writing.context import FlushOnExitCloseOnDelete
-from replay_tf.writing.column_chunker import _CellRef, _ColumnChunker, _new_key
+from replay_tf.writing.column_chunker import CellRef, ColumnChunker
 from replay_tf.writing.leaves import flat_dict_keys, leaf_array
 from replay_tf.writing.leaves import path_str as _path_str
-from replay_tf.core.chunk_store import Chunk, Item
+from replay_tf.core.chunk_store import Chunk, Item, new_key
 from replay_tf.core.table import _shape_compatible, _signature_entries
 
 
@@ -74,14 +74,14 @@ class _ColumnHistory:
     def path(self) -> tuple:
         return self._path
 
-    def append(self, ref: Optional[_CellRef]) -> None:
+    def append(self, ref: Optional[CellRef]) -> None:
         self._refs.append(ref)
         if ref is not None:
             self._hold(ref)
         if len(self._refs) > self._buffer_size:
             self._drop_first()
 
-    def _hold(self, ref: _CellRef) -> None:
+    def _hold(self, ref: CellRef) -> None:
         key = ref.chunk.key
         self._live[key] = self._live.get(key, 0) + 1
 
@@ -96,7 +96,7 @@ class _ColumnHistory:
             else:
                 del self._live[key]
 
-    def set_last(self, ref: _CellRef) -> None:
+    def set_last(self, ref: CellRef) -> None:
         self._refs[-1] = ref  # (replaces a None: see `can_set_last`)
         self._hold(ref)
 
@@ -114,7 +114,7 @@ class _ColumnHistory:
         while len(self._refs) > buffer_size:
             self._drop_first()
 
-    def _index(self, val: int) -> Optional[_CellRef]:
+    def _index(self, val: int) -> Optional[CellRef]:
         """Position `val` (negative from the end); None once it dropped out of the buffer."""
         length = len(self)
         index = val - length if val >= 0 else val  # counted from the end: -1 is the last step
@@ -141,7 +141,7 @@ class _ColumnHistory:
     def __len__(self) -> int:
         return len(self._refs) + self._offset
 
-    def __iter__(self) -> Iterator[Optional[_CellRef]]:
+    def __iter__(self) -> Iterator[Optional[CellRef]]:
         yield from itertools.repeat(None, self._offset)
         yield from self._refs
 
@@ -166,7 +166,7 @@ class _ColumnHistory:
 class TrajectoryColumn:
     """A column of an item: references to steps of one writer column, optionally squeezed."""
 
-    def __init__(self, data_references: Sequence[_CellRef], *, squeeze: bool = False,
+    def __init__(self, data_references: Sequence[CellRef], *, squeeze: bool = False,
                  path: Optional[Tuple[Union[str, int, slice], ...]] = None):
         if squeeze and len(data_references) != 1:
             raise ValueError(f"Columns must contain exactly one data reference when squeeze set, got "
@@ -182,7 +182,7 @@ class TrajectoryColumn:
     def __len__(self) -> int:
         return len(self._data_references)
 
-    def __iter__(self) -> Iterator[_CellRef]:
+    def __iter__(self) -> Iterator[CellRef]:
         return iter(self._data_references)
 
     def __getitem__(self, val) -> "TrajectoryColumn":
@@ -282,13 +282,13 @@ class TrajectoryWriter(FlushOnExitCloseOnDelete):
         self._structure = None
         self._path_to_index: Dict[tuple, int] = {}
         self._paths: List[tuple] = []
-        self._chunkers: List[Optional[_ColumnChunker]] = []
+        self._chunkers: List[Optional[ColumnChunker]] = []
         self._column_history: List[_ColumnHistory] = []
         self._column_config: Dict[tuple, Tuple[int, Optional[int]]] = {}
         self._order_cache: Dict[tuple, list] = {}
         self._history_cache = None
         self._last_step_is_open = False
-        self._episode_id = _new_key()
+        self._episode_id = new_key()
         self._episode_steps = 0
         self._episode_ids_cache: Dict[frozenset, frozenset] = {}
         self._unsent: collections.deque = collections.deque()  # (table, item, live) waiting for final chunks
@@ -402,7 +402,7 @@ class TrajectoryWriter(FlushOnExitCloseOnDelete):
             if chunker is None:
                 num_keep_alive, max_chunk_length = self._column_config.get(
                     self._paths[index], (self._num_keep_alive_refs, None))
-                chunker = _ColumnChunker(_path_str(self._paths[index]), array, num_keep_alive, max_chunk_length,
+                chunker = ColumnChunker(_path_str(self._paths[index]), array, num_keep_alive, max_chunk_length,
                                          self._open_chunks, self._delta_encoded,
                                          label=repr(tuple(self._paths[index])))  # Reverb's `column ('b', 'c')`
                 if new_chunkers is None:
@@ -498,7 +498,7 @@ class TrajectoryWriter(FlushOnExitCloseOnDelete):
         episode_ids = frozenset(episode_ids)
         # Items of one episode share one frozenset object (fewer objects per item for the GC to scan).
         episode_ids = self._episode_ids_cache.setdefault(episode_ids, episode_ids)
-        item = Item.from_resolved(_new_key(), priority, tuple(columns), episode_ids)
+        item = Item.from_resolved(new_key(), priority, tuple(columns), episode_ids)
         live = None if self._open_chunks else tuple(self._live_chunks)
         if self._open_chunks or (not self._unsent and final):
             self._stream.send(table, item, live)
@@ -506,12 +506,12 @@ class TrajectoryWriter(FlushOnExitCloseOnDelete):
             self._unsent.append((table, item, live))
 
     @staticmethod
-    def _expired(table: str, i: int, ref: _CellRef):
+    def _expired(table: str, i: int, ref: CellRef):
         raise ValueError(f"Column {i} of the trajectory for table '{table}' contains an expired CellRef (step "
                          f"older than num_keep_alive_refs={ref.column.num_keep_alive_refs} of column "
                          f"{ref.column.path})")
 
-    def _slices(self, table: str, i: int, refs: Sequence[_CellRef], episode_ids: set) -> list:
+    def _slices(self, table: str, i: int, refs: Sequence[CellRef], episode_ids: set) -> list:
         """Flat `[chunk, index, start, stop, ...]` of a column of any references (adjacent rows merged)."""
         first = refs[0].column
         oldest_kept = first.oldest_live_seq  # (`ref.expired` for refs of `first`, read once)
@@ -589,7 +589,7 @@ class TrajectoryWriter(FlushOnExitCloseOnDelete):
             raise errors.DeadlineExceededError(
                 f"End episode call did not complete within provided timeout of "
                 f"{datetime.timedelta(milliseconds=timeout_ms)}") from None
-        self._episode_id = _new_key()
+        self._episode_id = new_key()
         self._episode_steps = 0
         self._last_step_is_open = False
         self._episode_ids_cache.clear()

@@ -32,7 +32,8 @@ from replay_tf import reverb_types  # noqa: F401  (Reverb's `structured_writer.r
 from replay_tf.writing.context import FlushOnExitCloseOnDelete
 from replay_tf.core.chunk_store import Item, new_key
 from replay_tf.writing.column_chunker import ColumnChunker, with_hint
-from replay_tf.writing.leaves import flat_dict_keys, leaf_array, path_str
+from replay_tf.writing.leaves import flat_dict_keys, leaf_array
+from rlds_tf.nests import format_path
 from rlds_tf.patterns import Condition
 from rlds_tf.patterns import ConditionProto
 from rlds_tf.patterns import Config
@@ -110,7 +111,7 @@ class StructuredWriter(FlushOnExitCloseOnDelete):
         else:
             with_path = tree.flatten_with_path(data)
             if self._paths is None:
-                self._paths = [path_str(path) for path, _ in with_path]
+                self._paths = [format_path(path, notation="subscripts") for path, _ in with_path]
                 self._labels = [f"{column} (path={tuple(path)!r})" for column, (path, _) in enumerate(with_path)]
                 self._keys = keys
             elif len(with_path) != len(self._paths):

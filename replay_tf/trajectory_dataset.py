@@ -46,6 +46,7 @@ from replay_tf import errors
 from replay_tf._signature_checks import numpy_dtype
 from replay_tf.replay_sample import ReplaySample
 from replay_tf.replay_sample import SampleInfo
+from rlds_tf.nests import format_path
 from rlds_tf.patterns import items_dataset
 
 # How long (milliseconds) a blocked sampler waits before yielding control back to tf.data.
@@ -147,7 +148,7 @@ class TrajectoryDataset(_lazy_dataset.LazyDatasetV1):
                                for d, s in zip(self._column_dtypes, self._column_shapes)]
         self._row_bytes = [None if shape is None else int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
                            for dtype, shape in self._column_layout]
-        self._column_paths = ["/".join(str(p) for p in path) or "<root>" for path, _ in tree.flatten_with_path(dtypes)]
+        self._column_paths = [format_path(path) for path, _ in tree.flatten_with_path(dtypes)]
         self._max_in_flight = max_in_flight_samples_per_worker
         self._num_workers = 1 if num_workers_per_iterator == -1 else num_workers_per_iterator
         self._max_samples_per_stream = None if max_samples_per_stream == -1 else max_samples_per_stream

@@ -44,9 +44,9 @@ from replay_tf import errors
 from replay_tf.writing.context import FlushOnExitCloseOnDelete
 from replay_tf.writing.column_chunker import CellRef, ColumnChunker
 from replay_tf.writing.leaves import flat_dict_keys, leaf_array
-from replay_tf.writing.leaves import path_str as _path_str
 from replay_tf.core.chunk_store import Chunk, Item, new_key
 from replay_tf.core.table import _shape_compatible, _signature_entries
+from rlds_tf.nests import format_path
 
 
 class HistoryIndexError(IndexError, ValueError):
@@ -119,8 +119,9 @@ class _ColumnHistory:
         length = len(self)
         index = val - length if val >= 0 else val  # counted from the end: -1 is the last step
         if index >= 0 or index < -length:
-            raise HistoryIndexError(f"history index {val} is out of range for column {_path_str(self._path)} "
-                                    f"of length {length}: use an index in [{-length}, {length})")
+            column = format_path(self._path, notation="subscripts")
+            raise HistoryIndexError(f"history index {val} is out of range for column {column} of length {length}: "
+                                    f"use an index in [{-length}, {length})")
         return None if index < -len(self._refs) else self._refs[index]
 
     def _slice(self, val: slice):
@@ -241,7 +242,7 @@ def _column_count_error(table: str, entries: list, trajectory: Any, count: int) 
     """The error for a trajectory of `count` columns where the table's signature (`entries`) has another
     number, naming the columns that one has and the other lacks when the trajectory's paths say it."""
     expected = [entry[0] for entry in entries]
-    got = ["/".join(str(p) for p in path) or "<root>" for path, _ in tree.flatten_with_path(trajectory)]
+    got = [format_path(path) for path, _ in tree.flatten_with_path(trajectory)]
     missing = [path for path in expected if path not in got]
     unknown = [path for path in got if path not in expected]
     def names(paths):
@@ -402,9 +403,9 @@ class TrajectoryWriter(FlushOnExitCloseOnDelete):
             if chunker is None:
                 num_keep_alive, max_chunk_length = self._column_config.get(
                     self._paths[index], (self._num_keep_alive_refs, None))
-                chunker = ColumnChunker(_path_str(self._paths[index]), array, num_keep_alive, max_chunk_length,
-                                         self._open_chunks, self._delta_encoded,
-                                         label=repr(tuple(self._paths[index])))  # Reverb's `column ('b', 'c')`
+                chunker = ColumnChunker(format_path(self._paths[index], notation="subscripts"), array, num_keep_alive,
+                                        max_chunk_length, self._open_chunks, self._delta_encoded,
+                                        label=repr(tuple(self._paths[index])))  # Reverb's `column ('b', 'c')`
                 if new_chunkers is None:
                     new_chunkers = []
                 new_chunkers.append((index, chunker))

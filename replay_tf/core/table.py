@@ -20,6 +20,7 @@ from replay_tf.core import rate_limiters as rate_limiters_lib
 from replay_tf.core import selectors as selectors_lib
 from replay_tf.core._arguments import integer
 from replay_tf.core.chunk_store import Item
+from rlds_tf.nests import format_path
 
 
 @dataclasses.dataclass(frozen=True)
@@ -584,7 +585,7 @@ def _signature_entries(signature: Any) -> list:
             raise ValueError(f"Unsupported signature spec: {spec}")
         dtype = np.dtype(object) if spec.dtype == tf.string else np.dtype(spec.dtype.as_numpy_dtype)
         shape = None if spec.shape.rank is None else tuple(spec.shape.as_list())
-        entries.append(("/".join(str(p) for p in path) or "<root>", dtype, shape, spec))
+        entries.append((format_path(path), dtype, shape, spec))
     return entries
 
 

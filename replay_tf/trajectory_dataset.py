@@ -46,23 +46,11 @@ from replay_tf import errors
 from replay_tf._signature_checks import numpy_dtype
 from replay_tf.replay_sample import ReplaySample
 from replay_tf.replay_sample import SampleInfo
-from rlds_tf.nests import format_path
+from rlds_tf.nests import format_path, lists_to_tuples
 from rlds_tf.patterns import items_dataset
 
 # How long (milliseconds) a blocked sampler waits before yielding control back to tf.data.
 _POLL_MS = 100
-
-
-def _lists_to_tuples(structure: Any) -> Any:
-    if isinstance(structure, list):
-        return tuple(_lists_to_tuples(x) for x in structure)
-    if isinstance(structure, tuple) and hasattr(structure, "_fields"):
-        return type(structure)(*(_lists_to_tuples(x) for x in structure))
-    if isinstance(structure, tuple):
-        return tuple(_lists_to_tuples(x) for x in structure)
-    if isinstance(structure, dict):
-        return type(structure)((k, _lists_to_tuples(v)) for k, v in structure.items())
-    return structure
 
 
 _get_key = operator.attrgetter("key")
@@ -132,8 +120,8 @@ class TrajectoryDataset(_lazy_dataset.LazyDatasetV1):
             raise ValueError(f"rate_limiter_timeout_ms ({rate_limiter_timeout_ms}) must be an integer >= -1")
         if max_samples < 1 and max_samples != -1:
             raise ValueError(f"max_samples ({max_samples}) must be a positive integer or -1")
-        dtypes = _lists_to_tuples(dtypes)
-        shapes = _lists_to_tuples(shapes)
+        dtypes = lists_to_tuples(dtypes)
+        shapes = lists_to_tuples(shapes)
         try:
             tree.assert_same_structure(dtypes, shapes, check_types=False)
         except (ValueError, TypeError) as e:

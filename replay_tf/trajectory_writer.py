@@ -45,7 +45,7 @@ from replay_tf.writing.context import FlushOnExitCloseOnDelete
 from replay_tf.writing.column_chunker import CellRef, ColumnChunker
 from replay_tf.writing.leaves import flat_dict_keys, leaf_array
 from replay_tf.core.chunk_store import Chunk, Item, new_key
-from replay_tf.core.table import _shape_compatible, _signature_entries
+from replay_tf.core.signatures import shape_compatible, signature_entries
 from rlds_tf.nests import format_path
 
 
@@ -441,7 +441,7 @@ class TrajectoryWriter(FlushOnExitCloseOnDelete):
                              f"Available tables: {sorted(self._table_infos)}")
         if table not in self._signature_entries:
             signature = self._table_infos[table].signature
-            self._signature_entries[table] = None if signature is None else _signature_entries(signature)
+            self._signature_entries[table] = None if signature is None else signature_entries(signature)
         return self._signature_entries[table]
 
     def create_item(self, table: str, priority: float, trajectory: Any) -> None:
@@ -492,7 +492,7 @@ class TrajectoryWriter(FlushOnExitCloseOnDelete):
             if entries is not None:
                 path, dtype, shape, spec = entries[i]
                 got = first.shape if col.is_squeezed else (len(refs), *first.shape)
-                if first.dtype != dtype or not _shape_compatible(shape, got):
+                if first.dtype != dtype or not shape_compatible(shape, got):
                     raise ValueError(f"Unable to create item in table '{table}' since the provided trajectory is "
                                      f"inconsistent with the table signature: column {i} ('{path}') expected "
                                      f"{spec} but got dtype={first.dtype.name} shape={list(got)}")

@@ -44,7 +44,7 @@ from typing import Any, Callable, Optional
 import tensorflow as tf
 
 from replay_tf import specs
-from replay_tf.buffers import _episodic_datasets
+from replay_tf.buffers import _episode_reads
 from replay_tf.buffers._episode_table import EpisodeTable
 from replay_tf.buffers._episode_table import valid_range_ids
 from replay_tf.buffers.replay_buffer import _has_lists
@@ -437,11 +437,11 @@ class EpisodicReplayBuffer(tf.Module):
         if sequence_preprocess_fn is not None:
             raise NotImplementedError("sequence_preprocess_fn is not supported.")
         if single_deterministic_pass:
-            return _episodic_datasets.deterministic_dataset(self, sample_batch_size, num_steps, num_parallel_calls)
+            return _episode_reads.deterministic_dataset(self, sample_batch_size, num_steps, num_parallel_calls)
         if sample_batch_size and num_steps is None:
             raise ValueError("`num_steps` must be set if `sample_batch_size` is set in EpisodicReplayBuffer "
                              "as_dataset.")
-        return _episodic_datasets.sampled_dataset(self, sample_batch_size, num_steps, num_parallel_calls)
+        return _episode_reads.sampled_dataset(self, sample_batch_size, num_steps, num_parallel_calls)
 
     def gather_all(self) -> Any:
         """Every step of every episode held (completed ones with `completed_only`), oldest episode first,

@@ -34,6 +34,7 @@ __all__ = [
     "describe",
     "flatten",
     "flatten_with_paths",
+    "has_lists",
     "is_namedtuple",
     "nbytes",
     "outer_shape",
@@ -45,6 +46,15 @@ __all__ = [
 def is_namedtuple(value: Any) -> bool:
     """True for instances of `collections.namedtuple` / `typing.NamedTuple` classes."""
     return isinstance(value, tuple) and hasattr(type(value), "_fields")
+
+
+def has_lists(nest: Any) -> bool:
+    """Whether `nest` holds a list anywhere (TF-Agents' check: tf.data would read it as one tensor)."""
+    if isinstance(nest, list):
+        return True
+    if isinstance(nest, collections.abc.Mapping):
+        return any(map(has_lists, nest.values()))
+    return isinstance(nest, tuple) and any(map(has_lists, nest))
 
 
 def _is_mapping(value: Any) -> bool:

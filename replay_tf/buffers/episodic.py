@@ -46,7 +46,6 @@ import tensorflow as tf
 from replay_tf import specs
 from replay_tf.buffers import _episode_reads
 from replay_tf.buffers._episode_table import EpisodeTable
-from replay_tf.buffers.replay_buffer import _has_lists
 
 # The id of episode id holders that point to no episode.
 _INVALID_EPISODE_ID = -1
@@ -407,7 +406,7 @@ class EpisodicReplayBuffer(tf.Module):
           ValueError: a spec with lists; `sample_batch_size` without `num_steps`.
           NotImplementedError: `sequence_preprocess_fn`.
         """
-        if _has_lists(self.data_spec):
+        if specs.has_lists(self.data_spec):
             raise ValueError(f"Cannot perform gather; data spec contains lists and this conflicts with gathering "
                              f"operator.  Convert any lists to tuples.  For example, if your spec looks like "
                              f"[a, b, c], change it to (a, b, c).  Spec structure is:\n  "

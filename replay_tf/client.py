@@ -24,7 +24,7 @@ import tree
 
 from replay_tf import _transport as transport_lib
 from replay_tf import errors
-from replay_tf._leaves import leaf_array
+from replay_tf.writing.leaves import leaf_array
 from replay_tf._transport import Transport
 from replay_tf._transport import set_connection_options  # noqa: F401  (a public name of this module)
 from replay_tf.legacy_writer import Writer

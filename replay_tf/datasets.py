@@ -35,6 +35,7 @@ import tree
 from replay_tf.replay_sample import ReplaySample
 from replay_tf.replay_sample import SampleInfo
 from replay_tf.trajectory_dataset import TrajectoryDataset
+from rlds_tf.nests import format_path
 
 #: acme's `adders.DEFAULT_PRIORITY_TABLE`.
 DEFAULT_PRIORITY_TABLE = "priority_table"
@@ -266,7 +267,7 @@ def _legacy_replay_dataset(server_address: str, table: str, shapes: Any, dtypes:
         if not emit_timesteps and sequence_length:
             for path, spec in tree.flatten_with_path(dataset.element_spec.data):
                 if spec.shape.rank is None or spec.shape.rank == 0 or spec.shape[0] not in (None, sequence_length):
-                    where = "/".join(str(p) for p in path) or "<root>"
+                    where = format_path(path)
                     raise ValueError(f"sequence_length ({sequence_length}) does not match the signature of table "
                                      f"{table!r} at {where!r} (shape {spec.shape}): items must be "
                                      f"[{sequence_length}, ...] trajectories")

@@ -41,7 +41,7 @@ import threading
 import zlib
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-from replay_tf._writer_context import FlushOnExitCloseOnDelete
+from replay_tf.writing.context import FlushOnExitCloseOnDelete
 from replay_tf.client import Client
 
 Route = Callable[[int, int], int]

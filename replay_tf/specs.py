@@ -26,13 +26,15 @@ from typing import Any, Sequence
 import numpy as np
 import tensorflow as tf
 
+from rlds_tf.nests import FieldName, format_path
+
 __all__ = [
     "add_outer_dims",
     "assert_same_structure",
     "describe",
     "flatten",
     "flatten_with_paths",
-    "format_path",
+    "has_lists",
     "is_namedtuple",
     "nbytes",
     "outer_shape",
@@ -44,6 +46,15 @@ __all__ = [
 def is_namedtuple(value: Any) -> bool:
     """True for instances of `collections.namedtuple` / `typing.NamedTuple` classes."""
     return isinstance(value, tuple) and hasattr(type(value), "_fields")
+
+
+def has_lists(nest: Any) -> bool:
+    """Whether `nest` holds a list anywhere (TF-Agents' check: tf.data would read it as one tensor)."""
+    if isinstance(nest, list):
+        return True
+    if isinstance(nest, collections.abc.Mapping):
+        return any(map(has_lists, nest.values()))
+    return isinstance(nest, tuple) and any(map(has_lists, nest))
 
 
 def _is_mapping(value: Any) -> bool:
@@ -63,35 +74,19 @@ def _children(node: Any) -> list[tuple[Any, Any]]:
     return list(enumerate(node))
 
 
-def format_path(path: Sequence[Any], root: str = "") -> str:
-    """`root` followed by `[i]` for positions and `['k']` for mapping keys; `.name` pieces stay as given.
-
-    >>> format_path([1, 'camera'], 'items')
-    "items[1]['camera']"
-    """
-    out = root
-    for key in path:
-        out += key if isinstance(key, _Field) else f"[{key!r}]"
-    return out or "<root>"
-
-
-class _Field(str):
-    """A pre-formatted path piece (`.name` for namedtuple fields)."""
-
-
 def _walk(node: Any, path: tuple) -> list[tuple[tuple, Any]]:
     if _is_mapping(node) or _is_sequence(node):
         out = []
         named = is_namedtuple(node)
         for key, child in _children(node):
-            out.extend(_walk(child, path + ((_Field(f".{key}") if named else key),)))
+            out.extend(_walk(child, path + ((FieldName(key) if named else key),)))
         return out
     return [(path, node)]
 
 
 def flatten_with_paths(nest: Any, root: str = "") -> list[tuple[str, Any]]:
-    """`[(path_string, leaf)]` in `tf.nest.flatten` order (dict keys sorted), paths as by `format_path`."""
-    return [(format_path(path, root), leaf) for path, leaf in _walk(nest, ())]
+    """`[(path_string, leaf)]` in `tf.nest.flatten` order (dict keys sorted), paths as subscripts."""
+    return [(format_path(path, notation="subscripts", root=root), leaf) for path, leaf in _walk(nest, ())]
 
 
 def flatten(nest: Any) -> list[Any]:
@@ -127,7 +122,7 @@ def _short(value: Any) -> str:
 
 def _structure_mismatch(expected: Any, got: Any, path: tuple, root: str) -> str | None:
     """A message for the first place where `got` does not have `expected`'s structure, else None."""
-    where = format_path(path, root)
+    where = format_path(path, notation="subscripts", root=root)
     exp_nested = _is_mapping(expected) or _is_sequence(expected)
     got_nested = _is_mapping(got) or _is_sequence(got)
     if not exp_nested:
@@ -146,7 +141,7 @@ def _structure_mismatch(expected: Any, got: Any, path: tuple, root: str) -> str 
         return f"{where}: expected {_kind(expected)}, got {_kind(got)}"
     named = is_namedtuple(expected)
     for (key, exp_child), (_, got_child) in zip(_children(expected), _children(got)):
-        piece = _Field(f".{key}") if named else key
+        piece = FieldName(key) if named else key
         message = _structure_mismatch(exp_child, got_child, path + (piece,), root)
         if message:
             return message

@@ -29,10 +29,11 @@ import tree
 
 from replay_tf import errors
 from replay_tf import reverb_types  # noqa: F401  (Reverb's `structured_writer.reverb_types`)
-from replay_tf._writer_context import FlushOnExitCloseOnDelete
-from replay_tf.core.chunk_store import Item
-from replay_tf._column_chunker import _ColumnChunker, _new_key, with_hint
-from replay_tf._leaves import flat_dict_keys, leaf_array, path_str
+from replay_tf.writing.context import FlushOnExitCloseOnDelete
+from replay_tf.core.chunk_store import Item, new_key
+from replay_tf.writing.column_chunker import ColumnChunker, with_hint
+from replay_tf.writing.leaves import flat_dict_keys, leaf_array
+from rlds_tf.nests import format_path
 from rlds_tf.patterns import Condition
 from rlds_tf.patterns import ConditionProto
 from rlds_tf.patterns import Config
@@ -85,7 +86,7 @@ class StructuredWriter(FlushOnExitCloseOnDelete):
         self._evaluator = PatternEvaluator(configs, with_data=False)  # (items as references, not values)
         # Column -> how many recent steps the configs read; other columns are never stored.
         self._histories: Dict[int, int] = configs_lib.column_histories(self._evaluator.configs)
-        self._chunkers: Dict[int, _ColumnChunker] = {}
+        self._chunkers: Dict[int, ColumnChunker] = {}
         self._refs: Dict[int, collections.OrderedDict] = {c: collections.OrderedDict() for c in self._histories}
         self._paths: Optional[list] = None
         self._labels: Optional[list] = None  # per column, its name in Reverb's errors
@@ -93,7 +94,7 @@ class StructuredWriter(FlushOnExitCloseOnDelete):
         self._next_step = 0          # absolute number of the next (or open) step, as the evaluator counts
         self._step_in_episode = 0
         self._step_open = False
-        self._episode_id = _new_key()
+        self._episode_id = new_key()
 
     @property
     def step_is_open(self) -> bool:
@@ -110,7 +111,7 @@ class StructuredWriter(FlushOnExitCloseOnDelete):
         else:
             with_path = tree.flatten_with_path(data)
             if self._paths is None:
-                self._paths = [path_str(path) for path, _ in with_path]
+                self._paths = [format_path(path, notation="subscripts") for path, _ in with_path]
                 self._labels = [f"{column} (path={tuple(path)!r})" for column, (path, _) in enumerate(with_path)]
                 self._keys = keys
             elif len(with_path) != len(self._paths):
@@ -135,7 +136,7 @@ class StructuredWriter(FlushOnExitCloseOnDelete):
                                    f"None.")
             chunker = self._chunkers.get(column)
             if chunker is None:
-                chunker = _ColumnChunker(self._paths[column], value, history + 1, None, self._open_chunks,
+                chunker = ColumnChunker(self._paths[column], value, history + 1, None, self._open_chunks,
                                          label=self._labels[column])  # Reverb's `column 1 (path=('b', 'c'))`
                 self._chunkers[column] = chunker
             else:
@@ -165,7 +166,7 @@ class StructuredWriter(FlushOnExitCloseOnDelete):
                 else:
                     parts.extend((chunk, 0, ref.row, ref.row + 1))
             columns.append((node.squeeze, *parts))
-        item = Item.from_resolved(_new_key(), float(pattern_item.priority), tuple(columns), frozenset(episode_ids))
+        item = Item.from_resolved(new_key(), float(pattern_item.priority), tuple(columns), frozenset(episode_ids))
         live = None
         if not self._open_chunks:
             # Remote servers only take final chunks: close the ones this item reads.
@@ -198,7 +199,7 @@ class StructuredWriter(FlushOnExitCloseOnDelete):
             chunker.finalize()
         self._step_open = False
         self._step_in_episode = 0
-        self._episode_id = _new_key()
+        self._episode_id = new_key()
         if clear_buffers:
             for refs in self._refs.values():
                 refs.clear()

@@ -46,22 +46,11 @@ from replay_tf import errors
 from replay_tf._signature_checks import numpy_dtype
 from replay_tf.replay_sample import ReplaySample
 from replay_tf.replay_sample import SampleInfo
+from rlds_tf.nests import format_path, lists_to_tuples
 from rlds_tf.patterns import items_dataset
 
 # How long (milliseconds) a blocked sampler waits before yielding control back to tf.data.
 _POLL_MS = 100
-
-
-def _lists_to_tuples(structure: Any) -> Any:
-    if isinstance(structure, list):
-        return tuple(_lists_to_tuples(x) for x in structure)
-    if isinstance(structure, tuple) and hasattr(structure, "_fields"):
-        return type(structure)(*(_lists_to_tuples(x) for x in structure))
-    if isinstance(structure, tuple):
-        return tuple(_lists_to_tuples(x) for x in structure)
-    if isinstance(structure, dict):
-        return type(structure)((k, _lists_to_tuples(v)) for k, v in structure.items())
-    return structure
 
 
 _get_key = operator.attrgetter("key")
@@ -131,8 +120,8 @@ class TrajectoryDataset(_lazy_dataset.LazyDatasetV1):
             raise ValueError(f"rate_limiter_timeout_ms ({rate_limiter_timeout_ms}) must be an integer >= -1")
         if max_samples < 1 and max_samples != -1:
             raise ValueError(f"max_samples ({max_samples}) must be a positive integer or -1")
-        dtypes = _lists_to_tuples(dtypes)
-        shapes = _lists_to_tuples(shapes)
+        dtypes = lists_to_tuples(dtypes)
+        shapes = lists_to_tuples(shapes)
         try:
             tree.assert_same_structure(dtypes, shapes, check_types=False)
         except (ValueError, TypeError) as e:
@@ -147,7 +136,7 @@ class TrajectoryDataset(_lazy_dataset.LazyDatasetV1):
                                for d, s in zip(self._column_dtypes, self._column_shapes)]
         self._row_bytes = [None if shape is None else int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
                            for dtype, shape in self._column_layout]
-        self._column_paths = ["/".join(str(p) for p in path) or "<root>" for path, _ in tree.flatten_with_path(dtypes)]
+        self._column_paths = [format_path(path) for path, _ in tree.flatten_with_path(dtypes)]
         self._max_in_flight = max_in_flight_samples_per_worker
         self._num_workers = 1 if num_workers_per_iterator == -1 else num_workers_per_iterator
         self._max_samples_per_stream = None if max_samples_per_stream == -1 else max_samples_per_stream

@@ -2,9 +2,10 @@
 
 Every leaf path of the appended data is a *column* with its own chunker: a `Chunk` holding one tensor whose
 rows are that column's consecutive steps in the episode. The column's dtype and shape are fixed by its first
-value. `history[path]` keeps references to the last `num_keep_alive_refs` values of each column (older ones
-read as `None`, which `TrajectoryColumn` rejects: "expired"). `create_item` turns columns of references into
-a flat trajectory of chunk slices (adjacent rows of one chunk merged into one slice).
+value. `history[path]` (`replay_tf.writing.columns`) keeps references to the last `num_keep_alive_refs` values
+of each column (older ones read as `None`, which `TrajectoryColumn` rejects: "expired"). `create_item` turns
+columns of references into a flat trajectory of chunk slices (adjacent rows of one chunk merged into one
+slice).
 
 With the in-process transport, chunks are *open*: rows are appended in place and items are inserted at
 once, referring to rows already written. With a remote transport (`supports_open_chunks=False`), a chunk is
@@ -35,186 +36,20 @@ import collections
 import datetime
 import itertools
 import math
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
-import numpy as np
 import tree
 
 from replay_tf import errors
-from replay_tf._writer_context import FlushOnExitCloseOnDelete
-from replay_tf._column_chunker import _CellRef, _ColumnChunker, _new_key
-from replay_tf._leaves import flat_dict_keys, leaf_array
-from replay_tf._leaves import path_str as _path_str
-from replay_tf.core.chunk_store import Chunk, Item
-from replay_tf.core.table import _shape_compatible, _signature_entries
-
-
-class HistoryIndexError(IndexError, ValueError):
-    """An index of `writer.history[...]` outside the column's history.
-
-    dm-reverb raises `IndexError` for indices past the end and `ValueError` (a `None` reference) for ones
-    before the start; this error is both, so either `except` clause catches it.
-    """
-
-
-class _ColumnHistory:
-    """The last `buffer_size` references of a column, indexed as if the whole history were kept.
-
-    `live_chunks` (shared by a writer's columns) counts the references each chunk has in the histories,
-    by chunk key: the chunks a later item can still use.
-    """
-
-    def __init__(self, path: tuple, buffer_size: int, history_padding: int, live_chunks: Dict[int, int]):
-        self._path = path
-        self._buffer_size = buffer_size
-        self._refs: list = [None] * min(buffer_size, history_padding)
-        self._offset = history_padding - len(self._refs)  # positions before `_refs[0]` (all expired)
-        self._live = live_chunks
-
-    def path(self) -> tuple:
-        return self._path
-
-    def append(self, ref: Optional[_CellRef]) -> None:
-        self._refs.append(ref)
-        if ref is not None:
-            self._hold(ref)
-        if len(self._refs) > self._buffer_size:
-            self._drop_first()
-
-    def _hold(self, ref: _CellRef) -> None:
-        key = ref.chunk.key
-        self._live[key] = self._live.get(key, 0) + 1
-
-    def _drop_first(self) -> None:
-        ref = self._refs.pop(0)
-        self._offset += 1
-        if ref is not None:  # (release what `_hold` counted)
-            key = ref.chunk.key
-            count = self._live[key] - 1
-            if count:
-                self._live[key] = count
-            else:
-                del self._live[key]
-
-    def set_last(self, ref: _CellRef) -> None:
-        self._refs[-1] = ref  # (replaces a None: see `can_set_last`)
-        self._hold(ref)
-
-    @property
-    def can_set_last(self) -> bool:
-        return bool(self._refs) and self._refs[-1] is None
-
-    def reset(self) -> None:
-        while self._refs:
-            self._drop_first()
-        self._offset = 0
-
-    def set_buffer_size(self, buffer_size: int) -> None:
-        self._buffer_size = buffer_size
-        while len(self._refs) > buffer_size:
-            self._drop_first()
-
-    def _index(self, val: int) -> Optional[_CellRef]:
-        """Position `val` (negative from the end); None once it dropped out of the buffer."""
-        length = len(self)
-        index = val - length if val >= 0 else val  # counted from the end: -1 is the last step
-        if index >= 0 or index < -length:
-            raise HistoryIndexError(f"history index {val} is out of range for column {_path_str(self._path)} "
-                                    f"of length {length}: use an index in [{-length}, {length})")
-        return None if index < -len(self._refs) else self._refs[index]
-
-    def _slice(self, val: slice):
-        """Reverb's semantics: `[:]` covers the whole history (None for dropped steps); other slices are
-        taken relative to the end, and only slices with a start are padded with None for dropped steps."""
-        if val.start is None and val.stop is None:
-            return list(iter(self))[val]
-        n = len(self)
-        start = val.start - n if val.start is not None and val.start >= 0 else val.start
-        stop = val.stop - n if val.stop is not None and val.stop > 0 else val.stop
-        if start is None:
-            if -n < stop < -len(self._refs):
-                return [None]
-            return self._refs[slice(None, stop, val.step)]
-        overflow = abs(start) - len(self._refs)  # requested positions older than the buffer
-        return [None] * max(0, overflow) + self._refs[slice(start, stop, val.step)]
-
-    def __len__(self) -> int:
-        return len(self._refs) + self._offset
-
-    def __iter__(self) -> Iterator[Optional[_CellRef]]:
-        yield from itertools.repeat(None, self._offset)
-        yield from self._refs
-
-    def __getitem__(self, val) -> "TrajectoryColumn":
-        if type(val) is slice and val.stop is None and val.step is None and val.start is not None:
-            start = val.start
-            if -len(self._refs) <= start < 0:  # the usual `history[col][-n:]`: the last n refs, all kept
-                return TrajectoryColumn(self._refs[start:], path=self._path + (val,))
-        path = self._path + (val,) if not isinstance(val, list) else self._path + (tuple(val),)
-        if isinstance(val, (int, np.integer)):
-            return TrajectoryColumn([self._index(int(val))], squeeze=True, path=path)
-        if isinstance(val, slice):
-            return TrajectoryColumn(self._slice(val), path=path)
-        if isinstance(val, list):
-            return TrajectoryColumn([self._index(int(i)) for i in val], path=path)
-        raise TypeError(f"_ColumnHistory indices must be integers or slices, not {type(val)}")
-
-    def __repr__(self) -> str:
-        return f"_ColumnHistory(path={self._path}, length={len(self)})"
-
-
-class TrajectoryColumn:
-    """A column of an item: references to steps of one writer column, optionally squeezed."""
-
-    def __init__(self, data_references: Sequence[_CellRef], *, squeeze: bool = False,
-                 path: Optional[Tuple[Union[str, int, slice], ...]] = None):
-        if squeeze and len(data_references) != 1:
-            raise ValueError(f"Columns must contain exactly one data reference when squeeze set, got "
-                             f"{len(data_references)}")
-        if None in data_references:
-            raise ValueError(f"TrajectoryColumns cannot contain any None data references: TrajectoryColumn at "
-                             f"path {path} got {list(data_references)} (a None is a step where the column was "
-                             f"not set, or older than num_keep_alive_refs)")
-        self._data_references = tuple(data_references)
-        self.is_squeezed = squeeze
-        self._path = path
-
-    def __len__(self) -> int:
-        return len(self._data_references)
-
-    def __iter__(self) -> Iterator[_CellRef]:
-        return iter(self._data_references)
-
-    def __getitem__(self, val) -> "TrajectoryColumn":
-        if isinstance(val, (int, np.integer)):
-            return TrajectoryColumn([self._data_references[val]], squeeze=True)
-        if isinstance(val, slice):
-            return TrajectoryColumn(self._data_references[val])
-        if isinstance(val, list):
-            return TrajectoryColumn([self._data_references[x] for x in val])
-        raise TypeError(f"TrajectoryColumn indices must be integers or slices, not {type(val)}")
-
-    @property
-    def shape(self) -> tuple:
-        if self.is_squeezed:
-            return tuple(self._data_references[0].shape)
-        return (len(self._data_references), *self._data_references[0].shape)
-
-    @property
-    def dtype(self) -> np.dtype:
-        return self._data_references[0].dtype
-
-    def numpy(self) -> np.ndarray:
-        """The referenced data, stacked (or the single value when squeezed)."""
-        if any(ref.expired for ref in self._data_references):
-            raise RuntimeError(f"Cannot create numpy array for TrajectoryColumn at path {self._path}: it "
-                               f"references expired data (older than num_keep_alive_refs)")
-        if self.is_squeezed:
-            return self._data_references[0].numpy()
-        return np.stack([ref.numpy() for ref in self._data_references])
-
-    def __repr__(self) -> str:
-        return f"TrajectoryColumn(path={self._path}, length={len(self)}, squeeze={self.is_squeezed})"
+from replay_tf.writing.context import FlushOnExitCloseOnDelete
+from replay_tf.writing.column_chunker import CellRef, ColumnChunker
+from replay_tf.writing.columns import ColumnHistory
+from replay_tf.writing.columns import HistoryIndexError  # noqa: F401  (a public name of this module)
+from replay_tf.writing.columns import TrajectoryColumn
+from replay_tf.writing.leaves import flat_dict_keys, leaf_array
+from replay_tf.core.chunk_store import Chunk, Item, new_key
+from replay_tf.core.signatures import shape_compatible, signature_entries
+from rlds_tf.nests import format_path
 
 
 def _tree_union(a: Any, b: Any) -> Any:
@@ -241,7 +76,7 @@ def _column_count_error(table: str, entries: list, trajectory: Any, count: int) 
     """The error for a trajectory of `count` columns where the table's signature (`entries`) has another
     number, naming the columns that one has and the other lacks when the trajectory's paths say it."""
     expected = [entry[0] for entry in entries]
-    got = ["/".join(str(p) for p in path) or "<root>" for path, _ in tree.flatten_with_path(trajectory)]
+    got = [format_path(path) for path, _ in tree.flatten_with_path(trajectory)]
     missing = [path for path in expected if path not in got]
     unknown = [path for path in got if path not in expected]
     def names(paths):
@@ -282,13 +117,13 @@ class TrajectoryWriter(FlushOnExitCloseOnDelete):
         self._structure = None
         self._path_to_index: Dict[tuple, int] = {}
         self._paths: List[tuple] = []
-        self._chunkers: List[Optional[_ColumnChunker]] = []
-        self._column_history: List[_ColumnHistory] = []
+        self._chunkers: List[Optional[ColumnChunker]] = []
+        self._column_history: List[ColumnHistory] = []
         self._column_config: Dict[tuple, Tuple[int, Optional[int]]] = {}
         self._order_cache: Dict[tuple, list] = {}
         self._history_cache = None
         self._last_step_is_open = False
-        self._episode_id = _new_key()
+        self._episode_id = new_key()
         self._episode_steps = 0
         self._episode_ids_cache: Dict[frozenset, frozenset] = {}
         self._unsent: collections.deque = collections.deque()  # (table, item, live) waiting for final chunks
@@ -348,7 +183,7 @@ class TrajectoryWriter(FlushOnExitCloseOnDelete):
                 self._paths.append(path)
                 self._chunkers.append(None)
                 buffer_size = self._column_config.get(path, (self._num_keep_alive_refs, None))[0]
-                self._column_history.append(_ColumnHistory(path, buffer_size, history_padding, self._live_chunks))
+                self._column_history.append(ColumnHistory(path, buffer_size, history_padding, self._live_chunks))
         self._order_cache.clear()
         self._history_cache = None
 
@@ -402,9 +237,9 @@ class TrajectoryWriter(FlushOnExitCloseOnDelete):
             if chunker is None:
                 num_keep_alive, max_chunk_length = self._column_config.get(
                     self._paths[index], (self._num_keep_alive_refs, None))
-                chunker = _ColumnChunker(_path_str(self._paths[index]), array, num_keep_alive, max_chunk_length,
-                                         self._open_chunks, self._delta_encoded,
-                                         label=repr(tuple(self._paths[index])))  # Reverb's `column ('b', 'c')`
+                chunker = ColumnChunker(format_path(self._paths[index], notation="subscripts"), array, num_keep_alive,
+                                        max_chunk_length, self._open_chunks, self._delta_encoded,
+                                        label=repr(tuple(self._paths[index])))  # Reverb's `column ('b', 'c')`
                 if new_chunkers is None:
                     new_chunkers = []
                 new_chunkers.append((index, chunker))
@@ -440,7 +275,7 @@ class TrajectoryWriter(FlushOnExitCloseOnDelete):
                              f"Available tables: {sorted(self._table_infos)}")
         if table not in self._signature_entries:
             signature = self._table_infos[table].signature
-            self._signature_entries[table] = None if signature is None else _signature_entries(signature)
+            self._signature_entries[table] = None if signature is None else signature_entries(signature)
         return self._signature_entries[table]
 
     def create_item(self, table: str, priority: float, trajectory: Any) -> None:
@@ -470,7 +305,7 @@ class TrajectoryWriter(FlushOnExitCloseOnDelete):
         episode_ids = set()
         final = True  # every chunk the item uses is final (a chunk is open while its chunker still holds it)
         for i, col in enumerate(flat):
-            refs = col._data_references
+            refs = col.data_references
             if not refs:
                 raise ValueError(f"Column {i} of the trajectory for table '{table}' is empty; every column needs "
                                  f"at least one data reference")
@@ -491,14 +326,14 @@ class TrajectoryWriter(FlushOnExitCloseOnDelete):
             if entries is not None:
                 path, dtype, shape, spec = entries[i]
                 got = first.shape if col.is_squeezed else (len(refs), *first.shape)
-                if first.dtype != dtype or not _shape_compatible(shape, got):
+                if first.dtype != dtype or not shape_compatible(shape, got):
                     raise ValueError(f"Unable to create item in table '{table}' since the provided trajectory is "
                                      f"inconsistent with the table signature: column {i} ('{path}') expected "
                                      f"{spec} but got dtype={first.dtype.name} shape={list(got)}")
         episode_ids = frozenset(episode_ids)
         # Items of one episode share one frozenset object (fewer objects per item for the GC to scan).
         episode_ids = self._episode_ids_cache.setdefault(episode_ids, episode_ids)
-        item = Item.from_resolved(_new_key(), priority, tuple(columns), episode_ids)
+        item = Item.from_resolved(new_key(), priority, tuple(columns), episode_ids)
         live = None if self._open_chunks else tuple(self._live_chunks)
         if self._open_chunks or (not self._unsent and final):
             self._stream.send(table, item, live)
@@ -506,12 +341,12 @@ class TrajectoryWriter(FlushOnExitCloseOnDelete):
             self._unsent.append((table, item, live))
 
     @staticmethod
-    def _expired(table: str, i: int, ref: _CellRef):
+    def _expired(table: str, i: int, ref: CellRef):
         raise ValueError(f"Column {i} of the trajectory for table '{table}' contains an expired CellRef (step "
                          f"older than num_keep_alive_refs={ref.column.num_keep_alive_refs} of column "
                          f"{ref.column.path})")
 
-    def _slices(self, table: str, i: int, refs: Sequence[_CellRef], episode_ids: set) -> list:
+    def _slices(self, table: str, i: int, refs: Sequence[CellRef], episode_ids: set) -> list:
         """Flat `[chunk, index, start, stop, ...]` of a column of any references (adjacent rows merged)."""
         first = refs[0].column
         oldest_kept = first.oldest_live_seq  # (`ref.expired` for refs of `first`, read once)
@@ -589,7 +424,7 @@ class TrajectoryWriter(FlushOnExitCloseOnDelete):
             raise errors.DeadlineExceededError(
                 f"End episode call did not complete within provided timeout of "
                 f"{datetime.timedelta(milliseconds=timeout_ms)}") from None
-        self._episode_id = _new_key()
+        self._episode_id = new_key()
         self._episode_steps = 0
         self._last_step_is_open = False
         self._episode_ids_cache.clear()

@@ -48,12 +48,10 @@ from typing import Any
 import tensorflow as tf
 from tensorflow.core.protobuf import struct_pb2
 
+from rlds_tf.nests import format_path
+
 _SUPPORTED = ("None, bool, int, float, str, list, tuple, namedtuple, Mapping with str keys, tf.TensorShape, "
               "tf.DType, tf.TensorSpec (bounded or not)")
-
-
-def _path_str(path: tuple) -> str:
-    return "/".join(str(p) for p in path) if path else "<root>"
 
 
 def _is_named_tuple(value: Any) -> bool:
@@ -104,11 +102,11 @@ def _encode_into(out: struct_pb2.StructuredValue, value: Any, path: tuple) -> No
         out.dict_value.SetInParent()  # an empty mapping is still a dict_value
         for key, item in value.items():  # iteration order, as TF: it decides the bytes
             if not isinstance(key, str):
-                raise TypeError(f"mapping at {_path_str(path)} has key {key!r} of type {type(key).__name__}; "
+                raise TypeError(f"mapping at {format_path(path)} has key {key!r} of type {type(key).__name__}; "
                                 f"StructuredValue dicts need str keys")
             fields[key].CopyFrom(_encoded(item, path + (key,)))
     elif isinstance(value, tf.TypeSpec):
-        raise TypeError(f"cannot encode the leaf at {_path_str(path)}: {value!r} is a {type(value).__name__}, "
+        raise TypeError(f"cannot encode the leaf at {format_path(path)}: {value!r} is a {type(value).__name__}, "
                         f"not a tf.TensorSpec; supported: {_SUPPORTED}")
     elif isinstance(value, bool):
         out.bool_value = value
@@ -118,7 +116,7 @@ def _encode_into(out: struct_pb2.StructuredValue, value: Any, path: tuple) -> No
         out.string_value = value
     elif isinstance(value, int):
         if not -2**63 <= value < 2**63:
-            raise ValueError(f"int at {_path_str(path)} ({value}) does not fit in 64 bits")
+            raise ValueError(f"int at {format_path(path)} ({value}) does not fit in 64 bits")
         out.int64_value = value
     elif isinstance(value, float):
         out.float64_value = value
@@ -136,7 +134,7 @@ def _encode_into(out: struct_pb2.StructuredValue, value: Any, path: tuple) -> No
         for i, item in enumerate(value):
             out.list_value.values.add().CopyFrom(_encoded(item, path + (i,)))
     else:
-        raise TypeError(f"cannot encode the leaf at {_path_str(path)}: {value!r} of type "
+        raise TypeError(f"cannot encode the leaf at {format_path(path)}: {value!r} of type "
                         f"{type(value).__module__}.{type(value).__qualname__}; supported: {_SUPPORTED}")
 
 
@@ -224,7 +222,7 @@ def _decode(value: struct_pb2.StructuredValue, path: tuple) -> Any:
             return bounded(shape, dtype, minimum=tf.make_ndarray(spec.minimum),
                            maximum=tf.make_ndarray(spec.maximum), name=name)
         return tf.TensorSpec(shape, dtype, name)
-    raise TypeError(f"cannot decode the StructuredValue at {_path_str(path)}: field {kind!r} is not supported "
+    raise TypeError(f"cannot decode the StructuredValue at {format_path(path)}: field {kind!r} is not supported "
                     f"(supported: the fields for {_SUPPORTED})")
 
 

@@ -85,23 +85,18 @@ def test_public_names_load_on_first_use(package):
         namespace = {{}}
         exec("from {package} import *", namespace)
         missing = sorted(set(pkg.__all__) - set(namespace))
-        from {package} import _exports
-        unlisted = sorted(n for n, v in vars(_exports).items()
-                          if not n.startswith("_") and n not in pkg.__all__
-                          and getattr(v, "__module__", "").startswith("{package}"))
         try:
             pkg.no_such_name
             unknown = None
         except AttributeError as e:
             unknown = str(e)
         print(json.dumps({{"before": before, "after": "tensorflow" in sys.modules, "missing": missing,
-                           "unlisted": unlisted, "unknown": unknown, "dir_has_all": set(pkg.__all__) <= set(listed),
-                           "same": value is getattr(_exports, first)}}))
+                           "unknown": unknown, "dir_has_all": set(pkg.__all__) <= set(listed),
+                           "same": value is namespace[first]}}))
     """)
     assert result["before"] is False
     assert result["after"] is True
     assert result["missing"] == []
-    assert result["unlisted"] == []
     assert result["dir_has_all"] is True
     assert result["same"] is True
     assert result["unknown"] == f"module '{package}' has no attribute 'no_such_name'"
@@ -113,7 +108,7 @@ def test_submodule_attribute_and_from_import():
         import json, sys
         import replay_tf
         from replay_tf import errors
-        errors_alone = "replay_tf._exports" not in sys.modules
+        errors_alone = "replay_tf.server" not in sys.modules
         table = replay_tf.table.Table
         import replay_tf as reverb
         print(json.dumps({"errors_alone": errors_alone, "table": table is reverb.Table,

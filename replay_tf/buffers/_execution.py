@@ -6,8 +6,8 @@ trace, else as a cached ConcreteFunction (XLA-compiled where asked). `sample_fro
 `sample_check`) and the shaping of sampled results (`window_ids`, `package`) are the same for both
 buffers.
 
-The owner of a function (the buffer) provides `data_spec`, `_device`, `_scope` and `_functions` (a dict
-that caches the ConcreteFunctions, not checkpointed).
+A buffer hands `run_in_graph` its device, name scope, data spec and a dict that caches the
+ConcreteFunctions (not checkpointed), in one method of its own that `sample_from_python` is given too.
 
 >>> window_ids(tf.constant([4, -1], tf.int64), num_steps=3, stride=2).numpy().tolist()
 [[4, 6, 8], [-1, -1, -1]]
@@ -29,38 +29,39 @@ EMPTY_SAMPLE_MESSAGE = "TFUniformReplayBuffer is empty. Make sure to add items b
 UNBATCHED_CHUNK = 128
 
 
-def run_in_graph(owner, name: str, fn: Callable, *args, tensors=(), jit_compile: bool = False):
-    """Runs `fn(*args, *tensors)` in graph mode under `owner`'s device and name scope.
+def run_in_graph(name: str, fn: Callable, *args, tensors=(), jit_compile: bool = False, cache: dict,
+                 device: str, scope: str, data_spec: Any):
+    """Runs `fn(*args, *tensors)` in graph mode under a buffer's `device` and name `scope`.
 
     Inside a trace (a user's tf.function, a tf.data function) `fn` is called directly. Eagerly, it runs
-    as a ConcreteFunction (XLA-compiled if `jit_compile` and XLA can handle every dtype of
-    `owner.data_spec`) cached on `owner._functions` per (name, args, jit_compile, tensor dtypes and
-    shapes). A traced Operation result (an add) is dropped: a tf.function cannot return one, and its
-    side effects run all the same.
+    as a ConcreteFunction (XLA-compiled if `jit_compile` and XLA can handle every dtype of `data_spec`)
+    kept in the buffer's `cache` per (name, args, jit_compile, tensor dtypes and shapes). A traced
+    Operation result (an add) is dropped: a tf.function cannot return one, and its side effects run all
+    the same.
     """
     if not tf.executing_eagerly():
-        with tf.device(owner._device), tf.name_scope(owner._scope):
+        with tf.device(device), tf.name_scope(scope):
             return fn(*args, *tensors)
     # Calls from Python are the hot path (one per add / sample): keep one ConcreteFunction per
     # (name, args, input dtypes and shapes) and call it directly, skipping tf.function's dispatch.
     key = (name, args, jit_compile, tuple((t.dtype, tuple(t.shape)) for t in tensors))
-    concrete = owner._functions.get(key)
+    concrete = cache.get(key)
     if concrete is None:
         def run(*ts):
-            with tf.device(owner._device), tf.name_scope(owner._scope):
+            with tf.device(device), tf.name_scope(scope):
                 out = fn(*args, *ts)
             return None if isinstance(out, tf.Operation) else out
         # XLA has no strings (nor variants, resources): such specs run as plain graph functions.
-        jit_compile = jit_compile and _ring.xla_compatible(owner.data_spec)
-        concrete = owner._functions[key] = tf.function(run, autograph=False, jit_compile=jit_compile
-                                                       ).get_concrete_function(*tensors)
+        jit_compile = jit_compile and _ring.xla_compatible(data_spec)
+        concrete = cache[key] = tf.function(run, autograph=False, jit_compile=jit_compile
+                                            ).get_concrete_function(*tensors)
     return concrete(*tensors)
 
 
 def make_draw_key() -> tf.Variable:
     """The key of the stateless draws of `get_next` called from Python: int64 `[key, counter]`.
 
-    Create it in the owner's device scope and keep it out of checkpoints (a stream position, not buffer
+    Create it in the buffer's device scope and keep it out of checkpoints (a stream position, not buffer
     contents).
     """
     return tf.Variable(np.array([np.random.default_rng().integers(2 ** 62), 0], np.int64), trainable=False,
@@ -72,8 +73,8 @@ def next_draw_seed(draw_key: tf.Variable) -> tf.Tensor:
     return draw_key.assign_add(tf.constant([0, 1], tf.int64))
 
 
-def sample_from_python(owner, fn: Callable, args: tuple, draw_key: tf.Variable):
-    """A buffer's `get_next` called from Python.
+def sample_from_python(run: Callable, fn: Callable, args: tuple, draw_key: tf.Variable):
+    """A buffer's `get_next` called from Python; `run` is the buffer's `run_in_graph`.
 
     Runs `fn(*args, True)` (the draw keyed by `draw_key`) as one XLA program: its gathers write straight
     into the outputs and its index ops fuse, which costs less than a graph call. A graph function runs
@@ -87,11 +88,11 @@ def sample_from_python(owner, fn: Callable, args: tuple, draw_key: tf.Variable):
     seed, op_seed = tf.compat.v1.random.get_seed(None)
     if seed is not None:
         tf.raw_ops.AssignVariableOp(resource=draw_key.handle, value=np.array([seed, op_seed], np.int64))
-    out = run_in_graph(owner, "get_next", fn, *args, True, jit_compile=True)
+    out = run("get_next", fn, *args, True, jit_compile=True)
     probabilities = out[1].probabilities.numpy()
     if probabilities.size and np.min(probabilities) > 0:
         return out
-    return run_in_graph(owner, "get_next", fn, *args)
+    return run("get_next", fn, *args)
 
 
 def check_sample_args(sample_batch_size, num_steps, max_length: int, empty_batch: bool = False):

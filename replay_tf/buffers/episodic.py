@@ -44,10 +44,8 @@ from typing import Any, Callable, Optional
 import tensorflow as tf
 
 from replay_tf import specs
-from replay_tf.buffers import _episodic_datasets
+from replay_tf.buffers import _episode_reads
 from replay_tf.buffers._episode_table import EpisodeTable
-from replay_tf.buffers._episode_table import valid_range_ids
-from replay_tf.buffers.replay_buffer import _has_lists
 
 # The id of episode id holders that point to no episode.
 _INVALID_EPISODE_ID = -1
@@ -164,6 +162,9 @@ class EpisodicReplayBuffer(tf.Module):
             self._last_episode = tf.Variable(tf.constant(_INVALID_EPISODE_ID, tf.int64), trainable=False,
                                              name="last_episode")
             self._num_writes = tf.Variable(tf.constant(0, tf.int64), trainable=False, name="num_writes_counter")
+        self._reader = _episode_reads.EpisodeReader(
+            self._config, self._data_table, lengths=self._episode_lengths, completed=self._episode_completed,
+            held_ids=self._episodes_loc_to_id_map, last_episode=self._last_episode)
 
     # ----- properties -----
     @property
@@ -205,9 +206,6 @@ class EpisodicReplayBuffer(tf.Module):
         shape = _episode_ids_shape(num_episodes, self.capacity)
         return tf.constant(_INVALID_EPISODE_ID, shape=shape, dtype=tf.int64, name="episode_id")
 
-    def _location(self, episode_ids):
-        return tf.math.floormod(episode_ids, self.capacity)
-
     def _reserve_ids(self, ids, update_mask):
         """Gives the positions of `update_mask` new consecutive ids (in order) and resets their locations;
         returns `ids` with those replaced."""
@@ -216,7 +214,7 @@ class EpisodicReplayBuffer(tf.Module):
         new_ids = tf.range(end_id - num, end_id)
         positions = tf.where(update_mask)
         updated = tf.where(update_mask, tf.scatter_nd(positions, new_ids, tf.shape(ids, out_type=tf.int64)), ids)
-        locations = self._location(new_ids)
+        locations = self._reader.location(new_ids)
         resets = [_scatter(self._episodes_loc_to_id_map, locations, new_ids),
                   _scatter(self._episode_completed, locations, tf.zeros_like(locations, tf.uint8)),
                   _scatter(self._episode_lengths, locations, tf.zeros_like(locations))]
@@ -227,7 +225,7 @@ class EpisodicReplayBuffer(tf.Module):
         """Marks the valid episodes of `batch_episode_ids` where `end_episode` holds as completed; returns
         whether each is completed."""
         ids = tf.convert_to_tensor(batch_episode_ids, tf.int64)
-        locations = self._location(ids)
+        locations = self._reader.location(ids)
         valid = tf.equal(ids, tf.gather(self._episodes_loc_to_id_map, locations))
         mask = tf.convert_to_tensor(end_episode) & (ids >= 0) & valid
         chosen = tf.boolean_mask(locations, tf.broadcast_to(mask, tf.shape(ids)))
@@ -288,19 +286,19 @@ class EpisodicReplayBuffer(tf.Module):
         """
         with tf.device(self._config.device), tf.name_scope("get_episode"):
             episode_id = tf.convert_to_tensor(episode_id, tf.int64, name="episode_id")
-            location = self._location(episode_id)
+            location = self._reader.location(episode_id)
             held = tf.gather(self._episodes_loc_to_id_map, location)
             check = tf.debugging.Assert(tf.equal(held, episode_id), [
                 "Episode id", episode_id, "is not valid.  It points to location", location,
                 "but the episode at that location is currently id", held])
             with tf.control_dependencies([check]):
-                return self._read_episode(tf.identity(location))
+                return self._reader.read_episode(tf.identity(location))
 
     def get_valid_ids_mask(self, episode_ids) -> tf.Tensor:
         """Whether each id names an episode still held."""
         with tf.device(self._config.device), tf.name_scope("get_valid_ids_mask"):
             episode_ids = tf.convert_to_tensor(episode_ids, tf.int64)
-            held = tf.gather(self._episodes_loc_to_id_map, self._location(episode_ids))
+            held = tf.gather(self._episodes_loc_to_id_map, self._reader.location(episode_ids))
             return (episode_ids >= 0) & tf.equal(episode_ids, held)
 
     # ----- adding -----
@@ -334,7 +332,7 @@ class EpisodicReplayBuffer(tf.Module):
             begin = self._begin_episode_fn(items)
             end = self._end_episode_fn(items)
             ids = self._get_batch_episode_ids(episode_ids, begin, end)
-            locations = self._location(ids)
+            locations = self._reader.location(ids)
             valid = tf.equal(tf.gather(self._episodes_loc_to_id_map, locations), ids)
 
             def add():
@@ -363,7 +361,7 @@ class EpisodicReplayBuffer(tf.Module):
             num_steps = tf.shape(flat[0], out_type=tf.int64)[0]
             new_id = self._get_episode_id(episode_id, self._begin_episode_fn(converted),
                                           self._end_episode_fn(converted))
-            location = self._location(new_id)
+            location = self._reader.location(new_id)
             valid = tf.equal(tf.gather(self._episodes_loc_to_id_map, location), new_id)
 
             def add():
@@ -378,24 +376,6 @@ class EpisodicReplayBuffer(tf.Module):
             return tf.cond(valid, add, lambda: tf.identity(new_id))
 
     # ----- reading -----
-    def _read_episode(self, location):
-        length = tf.gather(self._episode_lengths, location)
-        return specs.pack_sequence_as(self.data_spec, self._data_table.read_episode(location, length))
-
-    def _sample_episode_ids(self, shape, weigh_by_episode_length: bool = False, seed=None):
-        last_id = self._last_episode.read_value()
-        check = tf.debugging.assert_non_negative(
-            last_id, message="EpisodicReplayBuffer is empty. Make sure to add items before sampling the buffer.")
-        with tf.control_dependencies([check]):
-            if weigh_by_episode_length:
-                # Locations (not ids) drawn with probability proportional to their episode's length.
-                held = tf.minimum(last_id + 1, self.capacity)
-                logits = tf.math.log(tf.cast(self._episode_lengths[:held], tf.float32))
-                draws = tf.random.categorical(logits[None], tf.reduce_prod(shape), dtype=tf.int64, seed=seed)
-                return tf.reshape(draws, shape)
-            low, high = valid_range_ids(last_id, self.capacity)
-            return tf.random.uniform(shape, minval=low, maxval=high, dtype=tf.int64, seed=seed)
-
     def get_next(self, sample_batch_size=None, num_steps=None, time_stacked=True):
         """One whole episode drawn uniformly, and `BufferInfo(ids=its id)` (the arguments are ignored, as in
         TF-Agents; use `as_dataset` for batches and windows).
@@ -405,11 +385,8 @@ class EpisodicReplayBuffer(tf.Module):
         """
         del sample_batch_size, num_steps, time_stacked
         with tf.device(self._config.device), tf.name_scope("get_next"):
-            episode_id = self._sample_episode_ids([], seed=self._config.seed)
-            return self._read_episode(self._location(episode_id)), BufferInfo(ids=episode_id)
-
-    def _held_id(self, location):
-        return tf.gather(self._episodes_loc_to_id_map, location)
+            episode_id = self._reader.sample_episode_ids([])
+            return self._reader.read_episode(self._reader.location(episode_id)), BufferInfo(ids=episode_id)
 
     def as_dataset(self, sample_batch_size=None, num_steps=None, num_parallel_calls=None,
                    sequence_preprocess_fn=None, single_deterministic_pass: bool = False) -> tf.data.Dataset:
@@ -429,7 +406,7 @@ class EpisodicReplayBuffer(tf.Module):
           ValueError: a spec with lists; `sample_batch_size` without `num_steps`.
           NotImplementedError: `sequence_preprocess_fn`.
         """
-        if _has_lists(self.data_spec):
+        if specs.has_lists(self.data_spec):
             raise ValueError(f"Cannot perform gather; data spec contains lists and this conflicts with gathering "
                              f"operator.  Convert any lists to tuples.  For example, if your spec looks like "
                              f"[a, b, c], change it to (a, b, c).  Spec structure is:\n  "
@@ -437,11 +414,11 @@ class EpisodicReplayBuffer(tf.Module):
         if sequence_preprocess_fn is not None:
             raise NotImplementedError("sequence_preprocess_fn is not supported.")
         if single_deterministic_pass:
-            return _episodic_datasets.deterministic_dataset(self, sample_batch_size, num_steps, num_parallel_calls)
+            return _episode_reads.deterministic_dataset(self._reader, sample_batch_size, num_steps, num_parallel_calls)
         if sample_batch_size and num_steps is None:
             raise ValueError("`num_steps` must be set if `sample_batch_size` is set in EpisodicReplayBuffer "
                              "as_dataset.")
-        return _episodic_datasets.sampled_dataset(self, sample_batch_size, num_steps, num_parallel_calls)
+        return _episode_reads.sampled_dataset(self._reader, sample_batch_size, num_steps, num_parallel_calls)
 
     def gather_all(self) -> Any:
         """Every step of every episode held (completed ones with `completed_only`), oldest episode first,
@@ -454,20 +431,7 @@ class EpisodicReplayBuffer(tf.Module):
             def empty():
                 return specs.pack_sequence_as(self.data_spec, [tf.zeros([0, *spec.shape], spec.dtype)
                                                                for spec in specs.flatten(self.data_spec)])
-            return tf.cond(total > 0, self._gather_steps, empty)
-
-    def _gather_steps(self):
-        low, high = valid_range_ids(self._last_episode.read_value(), self.capacity)
-        locations = self._location(tf.range(low, high))
-        lengths = tf.gather(self._episode_lengths, locations)
-        if self._config.completed_only:
-            lengths *= tf.cast(tf.gather(self._episode_completed, locations), tf.int64)
-        # Element k of the result is step (k - start of its episode) of the episode it falls in.
-        rows = tf.repeat(locations, lengths)
-        starts = tf.repeat(tf.cumsum(lengths, exclusive=True), lengths)
-        steps = tf.range(tf.reduce_sum(lengths)) - starts
-        flat = self._data_table.read_steps(rows, steps)
-        return specs.pack_sequence_as(self.data_spec, [leaf[None] for leaf in flat])
+            return tf.cond(total > 0, self._reader.gather_steps, empty)
 
     def extract(self, locations, clear_data: bool = False) -> Episodes:
         """The episodes at `locations` (locations, not ids: `0 <= location < capacity`) as `Episodes`;
@@ -503,7 +467,7 @@ class EpisodicReplayBuffer(tf.Module):
             mask = tf.scatter_nd(indices[:, None], tf.fill(tf.shape(indices), True), ids_shape)
             expanded_ids = self._get_batch_episode_ids(episode_ids, begin_episode=begin, mask=mask)
             ids = tf.gather(expanded_ids, indices)
-            locations = self._location(ids)
+            locations = self._reader.location(ids)
             chosen = tf.where(tf.equal(tf.gather(self._episodes_loc_to_id_map, locations), ids))[:, 0]
             where = tf.gather(locations, chosen)
             lengths = tf.gather(self._episode_lengths, where)

@@ -135,7 +135,8 @@ class PrioritizedReplayBuffer(replay_buffer.ReplayBuffer):
         self._beta.assign(value)
 
     def _run(self, name, fn, *args, tensors=(), jit_compile=False):
-        return _execution.run_in_graph(self, name, fn, *args, tensors=tensors, jit_compile=jit_compile)
+        return _execution.run_in_graph(name, fn, *args, tensors=tensors, jit_compile=jit_compile, cache=self._functions,
+                                       device=self._device, scope=self._scope, data_spec=self.data_spec)
 
     # ----- writing -----
     def add_batch(self, items):
@@ -263,7 +264,7 @@ class PrioritizedReplayBuffer(replay_buffer.ReplayBuffer):
         args = (sample_batch_size, num_steps, bool(time_stacked))
         if tf.executing_eagerly() and self._buffer.state.episode_index is None:
             # From Python: the whole sample as one XLA program, its draws keyed by `_draw_key`.
-            return _execution.sample_from_python(self, self._get_next_impl, args, self._draw_key)
+            return _execution.sample_from_python(self._run, self._get_next_impl, args, self._draw_key)
         return self._run("get_next", self._get_next_impl, *args)
 
     def _smallest_stored(self):

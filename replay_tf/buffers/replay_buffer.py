@@ -7,10 +7,11 @@ from it, as TF-Agents' `TFUniformReplayBuffer` does, and implement the public me
 """
 from __future__ import annotations
 
-import collections.abc
 from typing import Any, Optional
 
 import tensorflow as tf
+
+from replay_tf import specs
 
 
 class ReplayBuffer(tf.Module):
@@ -63,7 +64,7 @@ class ReplayBuffer(tf.Module):
         Raises:
           ValueError: `data_spec` holds lists (tf.data reads them as tensors: use tuples).
         """
-        if _has_lists(self._data_spec):
+        if specs.has_lists(self._data_spec):
             raise ValueError(f"Cannot perform gather; data spec contains lists and this conflicts with gathering "
                              f"operator. Convert any lists to tuples. For example, if your spec looks like "
                              f"[a, b, c], change it to (a, b, c). Spec structure is:\n  "
@@ -109,12 +110,3 @@ class ReplayBuffer(tf.Module):
 
     def _clear(self):
         raise NotImplementedError(f"{type(self).__name__} does not implement _clear")
-
-
-def _has_lists(nest: Any) -> bool:
-    """Whether `nest` holds a list anywhere (TF-Agents' check: tf.data would read it as one tensor)."""
-    if isinstance(nest, list):
-        return True
-    if isinstance(nest, collections.abc.Mapping):
-        return any(map(_has_lists, nest.values()))
-    return isinstance(nest, tuple) and any(map(_has_lists, nest))

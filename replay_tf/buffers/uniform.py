@@ -168,7 +168,8 @@ class UniformReplayBuffer(replay_buffer.ReplayBuffer):
 
     # ----- execution helper -----
     def _run(self, name: str, fn: Callable, *args, tensors=(), jit_compile: bool = False):
-        return _execution.run_in_graph(self, name, fn, *args, tensors=tensors, jit_compile=jit_compile)
+        return _execution.run_in_graph(name, fn, *args, tensors=tensors, jit_compile=jit_compile, cache=self._functions,
+                                       device=self._device, scope=self._scope, data_spec=self.data_spec)
 
     # ----- writing -----
     def add_batch(self, items):
@@ -302,7 +303,7 @@ class UniformReplayBuffer(replay_buffer.ReplayBuffer):
         args = (sample_batch_size, num_steps, bool(time_stacked))
         if tf.executing_eagerly() and self._episode_end_fn is None:
             # From Python: the whole sample as one XLA program, its draws keyed by `_draw_key`.
-            return _execution.sample_from_python(self, self._get_next_impl, args, self._draw_key)
+            return _execution.sample_from_python(self._run, self._get_next_impl, args, self._draw_key)
         return self._run("get_next", self._get_next_impl, *args)
 
     def _get_next_impl(self, sample_batch_size, num_steps, time_stacked, keyed: bool = False):

@@ -20,6 +20,7 @@ from replay_tf.core import rate_limiters as rate_limiters_lib
 from replay_tf.core import selectors as selectors_lib
 from replay_tf.core._arguments import integer
 from replay_tf.core.chunk_store import Item
+from replay_tf.core.signatures import shape_compatible, signature_entries
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,7 +128,7 @@ class Table:
         self._rate_limiter_config = rate_limiter
         self._extensions = tuple(extensions)
         self._signature = signature
-        self._signature_entries = _signature_entries(signature) if signature is not None else None
+        self._signature_entries = signature_entries(signature) if signature is not None else None
         self._prioritized = any(isinstance(s, selectors_lib.Prioritized) for s in (sampler, remover))
 
         self._lock = threading.Lock()
@@ -276,7 +277,7 @@ class Table:
             raise ValueError(f"item {item.key} for table '{self._name}' has {len(columns)} columns but the table "
                              f"signature has {len(entries)}: {[e[0] for e in entries]}")
         for (path, dtype, shape, spec), (got_dtype, got_shape) in zip(entries, columns):
-            if got_dtype != dtype or not _shape_compatible(shape, got_shape):
+            if got_dtype != dtype or not shape_compatible(shape, got_shape):
                 raise ValueError(f"item {item.key} for table '{self._name}' does not match the table signature at "
                                  f"column '{path}': expected {spec}, got dtype={np.dtype(got_dtype).name} "
                                  f"shape={list(got_shape)}")
@@ -293,8 +294,8 @@ class Table:
             raise ValueError(f"item {key} for table '{self._name}' has {len(columns)} columns but the table "
                              f"signature has {len(entries)}: {[e[0] for e in entries]}")
         for (path, dtype, shape, spec), (got_dtype, got_shape) in zip(entries, columns):
-            legacy_step = got_shape[:1] == (1,) and _shape_compatible(shape, got_shape[1:])
-            if got_dtype != dtype or not (legacy_step or _shape_compatible(shape, got_shape)):
+            legacy_step = got_shape[:1] == (1,) and shape_compatible(shape, got_shape[1:])
+            if got_dtype != dtype or not (legacy_step or shape_compatible(shape, got_shape)):
                 raise ValueError(f"item {key} for table '{self._name}' does not match the table signature at "
                                  f"column '{path}': expected {spec}, got dtype={np.dtype(got_dtype).name} "
                                  f"shape={list(got_shape)}")
@@ -571,24 +572,3 @@ class Table:
             else:
                 del refs[episode_id]
                 self._num_deleted_episodes += 1
-
-
-def _signature_entries(signature: Any) -> list:
-    """`(path, numpy dtype, shape, spec)` per flattened leaf; ValueError for leaves that are not TensorSpecs."""
-    import tensorflow as tf  # noqa: PLC0415  (only tables with a signature need TF)
-    import tree  # noqa: PLC0415
-
-    entries = []
-    for path, spec in tree.flatten_with_path(signature):
-        if not isinstance(spec, tf.TensorSpec):
-            raise ValueError(f"Unsupported signature spec: {spec}")
-        dtype = np.dtype(object) if spec.dtype == tf.string else np.dtype(spec.dtype.as_numpy_dtype)
-        shape = None if spec.shape.rank is None else tuple(spec.shape.as_list())
-        entries.append(("/".join(str(p) for p in path) or "<root>", dtype, shape, spec))
-    return entries
-
-
-def _shape_compatible(expected: Optional[tuple], got: tuple) -> bool:
-    if expected is None or expected == got:
-        return True
-    return len(expected) == len(got) and all(e is None or e == g for e, g in zip(expected, got))

@@ -22,6 +22,7 @@ from typing import Any, Callable, Optional, Sequence
 import tensorflow as tf
 import tree
 
+from rlds_tf.nests import lists_to_tuples
 from rlds_tf.patterns import conditions as conditions_lib
 from rlds_tf.patterns import configs as configs_lib
 from rlds_tf.patterns import items_dataset
@@ -95,7 +96,7 @@ def compile_blocks(blocks: tf.data.Dataset, configs: Sequence[Any], step_spec: A
       A dataset of items with `configs.infer_signature(configs, step_spec)` as element spec.
     """
     # tf.data reads Python lists as tensors, so list nodes of a pattern come out as tuples.
-    signature = _lists_to_tuples(configs_lib.infer_signature(configs, step_spec))
+    signature = lists_to_tuples(configs_lib.infer_signature(configs, step_spec))
     configs = configs_lib.with_buffer_length_conditions(configs_lib.validate_configs(configs, step_spec),
                                                         cumulative=cumulative_history)
     compiler = _BlockCompiler(configs, step_spec, signature, respect_episode_boundaries=respect_episode_boundaries,
@@ -426,16 +427,6 @@ def _history_or_placeholder(history: tf.Tensor, block: tf.Tensor, length: int, f
     same_shape = tf.reduce_all(tf.equal(tf.shape(history)[1:], tf.shape(block)[1:]))
     return tf.cond(tf.logical_and(tf.logical_not(first), same_shape), lambda: history,
                    lambda: tf.zeros(tf.concat([[length], tf.shape(block)[1:]], 0), block.dtype))
-
-
-def _lists_to_tuples(nest: Any) -> Any:
-    if isinstance(nest, dict):
-        return {k: _lists_to_tuples(v) for k, v in nest.items()}
-    if isinstance(nest, tuple) and hasattr(nest, "_fields"):
-        return type(nest)(*(_lists_to_tuples(v) for v in nest))
-    if isinstance(nest, (list, tuple)):
-        return tuple(_lists_to_tuples(v) for v in nest)
-    return nest
 
 
 def episodes_to_blocks(episodes: tf.data.Dataset, steps_key: str,

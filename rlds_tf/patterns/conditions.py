@@ -30,6 +30,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from rlds_tf.nests import format_path
 from rlds_tf.patterns import nodes
 
 LEFT_KINDS = ("step_index", "steps_since_applied", "buffer_length", "is_end_episode", "flat_source_index")
@@ -122,7 +123,7 @@ class _ConditionBuilder:
             if number is not None and not _INT32_MIN <= number <= _INT32_MAX:
                 raise ValueError(f"{name} must fit in int32 ([{_INT32_MIN}, {_INT32_MAX}]), got {number}")
         condition = ConditionNode(self._left, cmp, value, self._mod, inverse, self._index)
-        validate_condition(condition, nodes.path_str(self._path) if self._path else "")
+        validate_condition(condition, format_path(self._path) if self._path else "")
         return condition
 
     def __mod__(self, mod: int) -> "_ConditionBuilder":

@@ -20,6 +20,7 @@ import tensorflow as tf
 import tree
 
 from rlds_tf import structure_coder
+from rlds_tf.nests import format_path
 from rlds_tf.patterns import conditions as conditions_lib
 from rlds_tf.patterns import nodes
 from rlds_tf.patterns import patterns_pb2
@@ -161,12 +162,12 @@ def create_config(pattern: Any, table: str, conditions: Sequence[Any] = (),
     flat = []
     for path, leaf in tree.flatten_with_path(structure):
         if isinstance(leaf, nodes.ReferenceNode):
-            raise TypeError(f"pattern leaf at {nodes.path_str(path)} is a whole column; index it with a negative "
+            raise TypeError(f"pattern leaf at {format_path(path)} is a whole column; index it with a negative "
                             f"step, e.g. step[...][-1] or step[...][-2:]")
         leaf = _as_node(leaf)
         if not isinstance(leaf, nodes.PatternNode):
-            raise TypeError(f"pattern leaf at {nodes.path_str(path)} must be a PatternNode, got {leaf!r}")
-        nodes.validate_node(leaf, nodes.path_str(path))
+            raise TypeError(f"pattern leaf at {format_path(path)} must be a PatternNode, got {leaf!r}")
+        nodes.validate_node(leaf, format_path(path))
         flat.append(leaf)
     if not isinstance(table, str) or not table:
         raise ValueError(f"table must be a non-empty string, got {table!r}")
@@ -253,11 +254,11 @@ def validate_configs(configs: Sequence[Any], step_spec: Any) -> list[StructuredW
     flat_spec = tree.flatten_with_path(step_spec)
     for k, config in enumerate(configs):
         for path, node in tree.flatten_with_path(unpack_pattern(config)):
-            where = f"config {k}, pattern leaf {nodes.path_str(path)}"
+            where = f"config {k}, pattern leaf {format_path(path)}"
             nodes.validate_node(node, where)
             if node.flat_source_index >= len(flat_spec):
                 raise ValueError(f"{where} reads column {node.flat_source_index}, but the step has only "
-                                 f"{len(flat_spec)} columns: {[nodes.path_str(p) for p, _ in flat_spec]}")
+                                 f"{len(flat_spec)} columns: {[format_path(p) for p, _ in flat_spec]}")
         for c in config.conditions:
             conditions_lib.validate_condition(c, f"config {k}")
             if c.left == "flat_source_index":
@@ -310,7 +311,7 @@ def infer_signature(configs: Sequence[Any], step_spec: Any) -> Any:
             raise _reverb_error(f"Configs produce trajectories with multiple dtypes at {path}. Got "
                                 f"{[s.dtype for s in specs]}.",
                                 f"Every config must read columns of one dtype for the pattern leaf "
-                                f"{nodes.path_str(path)}.")
+                                f"{format_path(path)}.")
         shapes = []
         for node, spec in zip(leaf_nodes, specs):
             shape = tf.TensorShape(spec.shape)
@@ -320,7 +321,7 @@ def infer_signature(configs: Sequence[Any], step_spec: Any) -> Any:
         if any(s.rank != shapes[0].rank for s in shapes) or (
                 shapes[0].rank and any(s[1:] != shapes[0][1:] for s in shapes)):
             raise _reverb_error(f"Configs produce trajectories with incompatible shapes at {path}. Got {shapes}.",
-                                f"The pattern leaf {nodes.path_str(path)} may differ between configs only in the "
+                                f"The pattern leaf {format_path(path)} may differ between configs only in the "
                                 f"length of a slice.")
         if all(s == shapes[0] for s in shapes):
             merged = shapes[0]

@@ -24,6 +24,8 @@ from typing import Any, Callable, Optional
 
 import tree
 
+from rlds_tf.nests import format_path
+
 
 @dataclasses.dataclass(frozen=True)
 class PatternNode:
@@ -38,11 +40,6 @@ class PatternNode:
     def squeeze(self) -> bool:
         """True for a single index (`x[-2]`): the value keeps the column's shape, no leading dim."""
         return self.start is None
-
-
-def path_str(path: tuple) -> str:
-    """`('observation', 'pos')` -> `'observation/pos'` (`'<root>'` for the empty path)."""
-    return "/".join(str(p) for p in path) if path else "<root>"
 
 
 def validate_node(node: PatternNode, where: str = "") -> None:
@@ -100,8 +97,8 @@ class _RefDict(dict):
 
     def __missing__(self, key):
         known = ", ".join(repr(k) for k in sorted(self, key=str))
-        raise KeyError(f"the pattern names field {path_str(self._path + (key,))!r}, which the step does not "
-                       f"have; fields at {path_str(self._path)}: {known}")
+        raise KeyError(f"the pattern names field {format_path(self._path + (key,))!r}, which the step does not "
+                       f"have; fields at {format_path(self._path)}: {known}")
 
 
 def build_reference(step_structure: Any, make_leaf: Callable[[int, tuple, Any], Any]) -> Any:
@@ -130,10 +127,10 @@ class ReferenceNode:
         self._path = path
 
     def __repr__(self) -> str:
-        return f"ReferenceNode({self._idx}, path={path_str(self._path)!r})"
+        return f"ReferenceNode({self._idx}, path={format_path(self._path)!r})"
 
     def __getitem__(self, key) -> PatternNode:
-        where = path_str(self._path)
+        where = format_path(self._path)
         if isinstance(key, numbers.Integral) and not isinstance(key, bool):
             node = PatternNode(self._idx, stop=int(key))
         elif isinstance(key, slice):

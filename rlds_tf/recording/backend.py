@@ -148,10 +148,10 @@ class TFDSBackendWriter:
             return config_lib.config_from_env(self._env, name=self._name, step_metadata_sample=step_metadata,
                                               episode_metadata_sample=episode_metadata)
         return config_lib.config_from_specs(
-            name=self._name, observation_spec=config_lib._sample_spec(first_step[rlds_types.OBSERVATION]),
-            action_spec=config_lib._sample_spec(first_step[rlds_types.ACTION]),
-            reward_spec=config_lib._sample_spec(first_step[rlds_types.REWARD]),
-            discount_spec=config_lib._sample_spec(first_step[rlds_types.DISCOUNT]),
+            name=self._name, observation_spec=config_lib.sample_spec(first_step[rlds_types.OBSERVATION]),
+            action_spec=config_lib.sample_spec(first_step[rlds_types.ACTION]),
+            reward_spec=config_lib.sample_spec(first_step[rlds_types.REWARD]),
+            discount_spec=config_lib.sample_spec(first_step[rlds_types.DISCOUNT]),
             step_metadata_sample=step_metadata, episode_metadata_sample=episode_metadata)
 
     # -- recording ---------------------------------------------------------------------------------------

@@ -66,16 +66,17 @@ def config_from_specs(*, name: str, observation_spec: Any, action_spec: Any, rew
         action_info=feature(action_spec, "action"),
         reward_info=feature(reward_spec, "reward"),
         discount_info=feature(discount_spec, "discount"),
-        step_metadata_info={k: feature(_sample_spec(v), k) for k, v in (step_metadata_sample or {}).items()},
-        episode_metadata_info={k: feature(_sample_spec(v), k)
+        step_metadata_info={k: feature(sample_spec(v), k) for k, v in (step_metadata_sample or {}).items()},
+        episode_metadata_info={k: feature(sample_spec(v), k)
                                for k, v in (episode_metadata_sample or {}).items()},
     )
 
 
-def _sample_spec(value: Any) -> Any:
-    """Spec of a metadata sample; Python ints/floats/bools map to int64/float64/bool like numpy does."""
+def sample_spec(value: Any) -> Any:
+    """The spec of one sample value (a step field, a metadata value): a nest of shapes and dtypes, strings kept
+    as they are; Python ints/floats/bools map to int64/float64/bool like numpy does."""
     if isinstance(value, dict):
-        return {k: _sample_spec(v) for k, v in value.items()}
+        return {k: sample_spec(v) for k, v in value.items()}
     if isinstance(value, (str, bytes)):
         return value
     array = np.asarray(value)

@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 import replay_tf as reverb
-from replay_tf import _column_chunker
+from replay_tf.writing import column_chunker
 from replay_tf.grpc import client_transport
 from replay_tf import _transport as transport_lib
 
@@ -27,7 +27,7 @@ from replay_tf import _transport as transport_lib
     (1, 1, 1),
 ])
 def test_remote_chunk_length_minimises_bytes_moved_per_step(row_bytes, keep_alive, expected):
-    assert _column_chunker.remote_chunk_length(row_bytes, keep_alive) == expected
+    assert column_chunker.remote_chunk_length(row_bytes, keep_alive) == expected
 
 
 def _chunk_lengths_by_column(table) -> dict:
@@ -67,9 +67,9 @@ def test_remote_writer_sends_single_step_chunks_for_large_steps_and_long_ones_fo
 
 
 def test_configured_max_chunk_length_still_overrides_for_remote_writers(monkeypatch):
-    chunker = _column_chunker._ColumnChunker("obs", np.zeros([84, 84, 4], np.uint8), 3, 3, open_chunks=False)  # noqa: SLF001
+    chunker = column_chunker.ColumnChunker("obs", np.zeros([84, 84, 4], np.uint8), 3, 3, open_chunks=False)
     assert chunker.max_chunk_length == 3
-    chunker = _column_chunker._ColumnChunker("obs", np.zeros([84, 84, 4], np.uint8), 3, None, open_chunks=False)  # noqa: SLF001
+    chunker = column_chunker.ColumnChunker("obs", np.zeros([84, 84, 4], np.uint8), 3, None, open_chunks=False)
     assert chunker.max_chunk_length == 1
     refs = [chunker.append(np.full([84, 84, 4], i, np.uint8), episode_id=7, step=i) for i in range(3)]
     assert len({id(ref.chunk) for ref in refs}) == 3

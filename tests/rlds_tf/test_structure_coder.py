@@ -15,6 +15,7 @@ import tensorflow as tf
 from tensorflow.core.protobuf import struct_pb2
 from tensorflow.python.saved_model import nested_structure_coder  # the oracle  # pylint: disable=g-direct-tensorflow-import
 
+from rlds_tf import nests
 from rlds_tf import structure_coder as coder
 
 _CASES = r'''
@@ -55,8 +56,12 @@ CASES = {
 '''
 
 _PEER = _CASES + r'''
+import sys
 import types
 from tensorflow.python.saved_model import nested_structure_coder
+for name, source in (('rlds_tf', ''), ('rlds_tf.nests', INPUTS['nests_source'])):  # the coder's one import of ours
+    sys.modules[name] = types.ModuleType(name)
+    exec(source, sys.modules[name].__dict__)
 ours = types.ModuleType('structure_coder')
 exec(INPUTS['coder_source'], ours.__dict__)  # our module, run on TF 2.15 and its protobuf runtime
 emit('theirs', {name: nested_structure_coder.encode_structure(nest).SerializeToString().hex()
@@ -110,7 +115,8 @@ def _assert_same_nest(got, want, path="<root>"):
 
 @pytest.fixture(scope="module")
 def peer_encoded(peer):
-    out = peer.run(_PEER, {"coder_source": pathlib.Path(coder.__file__).read_text()})
+    out = peer.run(_PEER, {"coder_source": pathlib.Path(coder.__file__).read_text(),
+                           "nests_source": pathlib.Path(nests.__file__).read_text()})
     return {side: {name: bytes.fromhex(h) for name, h in out[side].items()} for side in ("theirs", "ours")}
 
 

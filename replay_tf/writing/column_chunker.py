@@ -1,8 +1,8 @@
 """Per-column chunking shared by the writers: values of one column appended to its current `Chunk`.
 
-A `_ColumnChunker` fixes its column's dtype and shape from the first value, appends rows to the current
+A `ColumnChunker` fixes its column's dtype and shape from the first value, appends rows to the current
 chunk (open in-process, or finalized at `max_chunk_length` rows for remote servers) and hands out
-`_CellRef`s (chunk, row) that `TrajectoryWriter` and `StructuredWriter` turn into items.
+`CellRef`s (chunk, row) that `TrajectoryWriter` and `StructuredWriter` turn into items.
 """
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ from typing import Optional
 
 import numpy as np
 
-from replay_tf.core.chunk_store import Chunk, SequenceRange
-from replay_tf.core.chunk_store import new_key as _new_key
+from replay_tf.core.chunk_store import Chunk, SequenceRange, new_key
 
 # In-process chunks: at most this many bytes (and rows) per chunk, so long items are mostly one slice.
 _OPEN_CHUNK_MAX_BYTES = 4 << 20
@@ -60,12 +59,12 @@ def with_hint(error: Exception, hint: str) -> Exception:
     return error
 
 
-class _CellRef:
+class CellRef:
     """A reference to one step of one column: row `row` of `chunk`."""
 
     __slots__ = ("column", "chunk", "row", "seq")
 
-    def __init__(self, column: "_ColumnChunker", chunk: Chunk, row: int, seq: int):
+    def __init__(self, column: "ColumnChunker", chunk: Chunk, row: int, seq: int):
         self.column = column
         self.chunk = chunk
         self.row = row
@@ -90,7 +89,7 @@ class _CellRef:
         return f"CellRef(column={self.column.path}, step={self.seq}, expired={self.expired})"
 
 
-class _ColumnChunker:
+class ColumnChunker:
     """Appends one column's values to its current chunk and hands out references to them."""
 
     def __init__(self, path: str, first_value: np.ndarray, num_keep_alive_refs: int,
@@ -145,14 +144,14 @@ class _ColumnChunker:
                 f"which is incompatible with {cpp_shape(self.shape)}."),
                 f"The column {self.path} holds values of shape {self.shape} since its first value.")
 
-    def append(self, value: np.ndarray, episode_id: int, step: int) -> _CellRef:
+    def append(self, value: np.ndarray, episode_id: int, step: int) -> CellRef:
         if self.chunk is None:
             # np.empty of a large block is lazily backed by the OS, so unused rows cost no memory.
             self._array = np.empty((self.max_chunk_length, *self.shape), dtype=self.dtype)
             self._rows = 0
             self._start_step = step
             self._sparse = False
-            self.chunk = Chunk(_new_key(), [self._array], SequenceRange(episode_id, step, step),
+            self.chunk = Chunk(new_key(), [self._array], SequenceRange(episode_id, step, step),
                                delta_encoded=self.delta_encoded)
         elif step != self._last_step + 1:
             self._sparse = True  # the column skipped steps: the chunk's rows are not contiguous steps
@@ -162,7 +161,7 @@ class _ColumnChunker:
         self._last_step = step
         if self.open_chunks:  # a remote chunk is only read once final: `finalize` sets its range
             chunk.sequence_range = SequenceRange(episode_id, self._start_step, step, self._sparse)
-        ref = _CellRef(self, chunk, row, self.appended)
+        ref = CellRef(self, chunk, row, self.appended)
         self.appended += 1
         if self._rows == self.max_chunk_length:
             self.finalize()

@@ -21,6 +21,8 @@ from typing import Any, Dict, Optional
 
 import numpy as np
 
+from rlds_tf.nests import format_path
+
 #: numpy dtype kinds that are tensors as they are: bool, signed, unsigned, float, complex, str, bytes.
 TENSOR_KINDS = frozenset("biufcUS")
 
@@ -80,11 +82,6 @@ def flat_dict_keys(data: Any) -> Optional[tuple]:
     return tuple(sorted(data))
 
 
-def path_str(path: tuple) -> str:
-    """A leaf's path as its subscripts (`['obs'][0]`); `<root>` for a structure that is one leaf."""
-    return "".join(f"[{p!r}]" for p in path) if path else "<root>"
-
-
 def check_leaf(array: np.ndarray, value: Any, path: tuple, context: str, *, none_ok: bool = False) -> None:
     """Raises TypeError unless `array` (`np.asarray(value)`) can be a tensor.
 
@@ -119,4 +116,5 @@ def check_leaf(array: np.ndarray, value: Any, path: tuple, context: str, *, none
     else:
         got = f"{type(value).__name__} of dtype {array.dtype}"
     expected = f"{_EXPECTED}, or None to leave the column unset" if none_ok else _EXPECTED
-    raise TypeError(f"Field {path_str(path)} of {context} must be {expected}, got {got}")
+    where = format_path(path, notation="subscripts")
+    raise TypeError(f"Field {where} of {context} must be {expected}, got {got}")

@@ -185,10 +185,10 @@ def make_transport(server_address: str, *, channel_credentials=None,
     if local is not None:
         return local
     try:
-        from replay_tf.grpc import client_transport  # noqa: PLC0415  (gRPC only for remote servers)
+        from replay_tf.grpc.client import client_transport  # noqa: PLC0415  (gRPC only for remote servers)
     except ImportError as e:
         raise ValueError(f"no Server of this process serves {server_address!r} and the remote transport "
-                         f"(replay_tf.grpc.client_transport) is unavailable: {e}") from e
+                         f"(replay_tf.grpc.client.client_transport) is unavailable: {e}") from e
     channel_credentials, auth_token = _resolve_connection_options(server_address, channel_credentials, auth_token)
     if channel_credentials is None and auth_token is None:
         return client_transport.Transport(server_address)

@@ -2,7 +2,7 @@
 
 `Client(address)` uses the in-process transport when a `Server` of this process owns `address` (tables are
 called directly: no serialization, no copies on insert), and otherwise the remote transport from
-`replay_tf.grpc.client_transport`, imported lazily (see `replay_tf._transport`, which also holds
+`replay_tf.grpc.client.client_transport`, imported lazily (see `replay_tf._transport`, which also holds
 `set_connection_options`).
 
 >>> import replay_tf as reverb

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.timeout(120)  # a call that ignores its timeout waits f
 @pytest.fixture(name="dead_address")
 def dead_address_fixture():
     # Imported before any timing: the first use of these names imports TensorFlow and gRPC.
-    from replay_tf.grpc import client_transport  # noqa: F401
+    from replay_tf.grpc.client import client_transport  # noqa: F401
     assert reverb.Client and reverb.ShardedClient and reverb.TrajectoryDataset
     with socket.socket() as sock:
         sock.bind(("localhost", 0))

@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 import replay_tf as reverb
-from replay_tf.grpc import client_transport
+from replay_tf.grpc.client import client_transport
 from replay_tf import _transport as transport_lib
 from replay_tf.wire import tensor_codec
 

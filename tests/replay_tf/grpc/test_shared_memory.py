@@ -19,7 +19,7 @@ from replay_tf import _transport as transport_lib
 from replay_tf import errors
 from replay_tf.core import chunk_store
 from replay_tf.core import table as table_lib
-from replay_tf.grpc import client_transport
+from replay_tf.grpc.client import client_transport
 from replay_tf.grpc import shared_memory
 from replay_tf.wire import raw_fields
 from replay_tf.wire import chunk_codec

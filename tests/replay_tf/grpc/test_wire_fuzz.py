@@ -414,7 +414,7 @@ def test_fuzz_every_rpc_then_the_server_is_intact(server, monkeypatch):
     assert len(server.chunk_store) == 0
 
     # A normal remote client inserts and samples correctly.
-    from replay_tf.grpc import client_transport  # noqa: PLC0415
+    from replay_tf.grpc.client import client_transport  # noqa: PLC0415
     monkeypatch.setattr(transport_lib, "make_transport", client_transport.Transport)
     client = reverb.Client(address)
     assert sorted(client.server_info()) == sorted(_TABLES)

@@ -15,7 +15,7 @@ Delivery is asynchronous, as in Reverb: `create_item` never blocks. In process, 
 refuses is inserted by a background thread of the writer's stream as soon as the table admits it (items
 keep their order). A remote stream that loses its server (UNAVAILABLE, e.g. a restart at the same address)
 reconnects and re-sends the items the server has not confirmed, with their chunks (at-least-once, keyed:
-see `replay_tf.grpc.insert_stream.InsertStream`). `flush` and `end_episode` wait for the items; `close` drops
+see `replay_tf.grpc.client.insert_stream.InsertStream`). `flush` and `end_episode` wait for the items; `close` drops
 those still waiting.
 
 >>> import replay_tf as reverb

@@ -221,7 +221,7 @@ def test_large_batches_held_by_the_caller_keep_their_values():
 
 def _record_chunk_cache(monkeypatch) -> list:
     """Makes clients sample over gRPC and records (entries, bytes) of the chunk cache after every chunk."""
-    from replay_tf.grpc import sample_stream
+    from replay_tf.grpc.client import sample_stream
     from replay_tf.grpc.client import client_transport
     from replay_tf import _transport as transport_lib
     sizes = []
@@ -458,7 +458,7 @@ def _sample_response(entries):
 
 
 def _read_samples(*responses):
-    from replay_tf.grpc import sample_stream
+    from replay_tf.grpc.client import sample_stream
     stream = sample_stream.SampleStream.__new__(sample_stream.SampleStream)
     partial, cache, out = [None], sample_stream._ChunkCache(), []
     for response in responses:

@@ -42,7 +42,7 @@ from replay_tf import _addresses
 from replay_tf import errors
 from replay_tf.grpc import common
 from replay_tf.grpc.client import insert_stream
-from replay_tf.grpc import sample_stream
+from replay_tf.grpc.client import sample_stream
 from replay_tf.wire import table_info
 from replay_tf.wire import reverb_service_pb2
 

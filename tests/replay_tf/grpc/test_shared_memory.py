@@ -216,7 +216,7 @@ def test_client_refuses_slots_it_cannot_trust(slot, size, error):
 
 
 def test_a_slot_message_on_a_stream_that_offered_none_is_an_error():
-    from replay_tf.grpc import sample_stream  # noqa: PLC0415
+    from replay_tf.grpc.client import sample_stream  # noqa: PLC0415
     stream = sample_stream.SampleStream.__new__(sample_stream.SampleStream)
     stream._stacked = True
     response = reverb_service_pb2.SampleStreamResponse(

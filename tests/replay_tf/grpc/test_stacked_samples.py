@@ -15,7 +15,7 @@ from replay_tf import _transport as transport_lib
 from replay_tf.core import chunk_store
 from replay_tf.core import table as table_lib
 from replay_tf.grpc.client import client_transport
-from replay_tf.grpc import sample_stream
+from replay_tf.grpc.client import sample_stream
 from replay_tf.wire import chunk_codec
 from replay_tf.wire import tensor_codec
 from replay_tf.wire import reverb_service_pb2

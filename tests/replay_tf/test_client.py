@@ -221,7 +221,7 @@ def test_server_refuses_requests_above_max_message_bytes_and_keeps_serving(monke
     import grpc
     from replay_tf.grpc.client import client_transport
     from replay_tf import _transport as transport_lib
-    from replay_tf.grpc import service
+    from replay_tf.grpc.server import service
     server = reverb.Server([reverb.Table.queue("q", 10)], max_message_bytes=64 << 10)
     try:
         assert server.max_message_bytes == 64 << 10 and server.host == "localhost"

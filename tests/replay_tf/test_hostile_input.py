@@ -201,7 +201,7 @@ def test_a_token_served_without_tls_beyond_loopback_is_logged(caplog, host, tls,
     credentials = None
     if tls:  # any server credentials do: the warning is decided before binding
         credentials = grpc.local_server_credentials()
-    with caplog.at_level(logging.WARNING, logger="replay_tf.grpc.service"):
+    with caplog.at_level(logging.WARNING, logger="replay_tf.grpc.server.service"):
         server = reverb.Server([reverb.Table.queue("q", 10)], host=host, auth_token=_TOKEN,
                                server_credentials=credentials)
         server.stop()

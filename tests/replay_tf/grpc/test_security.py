@@ -170,7 +170,7 @@ def test_local_clients_of_a_protected_server_are_in_process(token_server):
     ("::1", {}, False),
 ])
 def test_a_network_bind_without_protection_is_logged(caplog, host, kwargs, warned):
-    with caplog.at_level(logging.WARNING, logger="replay_tf.grpc.service"):
+    with caplog.at_level(logging.WARNING, logger="replay_tf.grpc.server.service"):
         server = reverb.Server(_tables(), host=host, **kwargs)
         server.stop()
     assert any("without TLS or auth token" in r.getMessage() for r in caplog.records) == warned

@@ -15,7 +15,7 @@ import replay_tf as reverb
 from replay_tf import errors
 from replay_tf.core import chunk_store
 from replay_tf.grpc import common
-from replay_tf.grpc import service
+from replay_tf.grpc.server import service
 from replay_tf.wire import raw_fields
 from replay_tf.wire import chunk_codec
 from replay_tf.wire import reverb_service_pb2

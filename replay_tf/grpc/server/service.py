@@ -18,7 +18,7 @@ import grpc
 from replay_tf import _addresses
 from replay_tf.grpc import auth
 from replay_tf.grpc import common
-from replay_tf.grpc import servicer as servicer_lib
+from replay_tf.grpc.server import servicer as servicer_lib
 from replay_tf.grpc import stream_slots
 
 __all__ = [

@@ -31,7 +31,7 @@ from replay_tf.grpc import common
 from replay_tf.grpc import insert_queue
 from replay_tf.grpc import statuses
 from replay_tf.grpc import stream_slots
-from replay_tf.grpc import table_entry
+from replay_tf.grpc.server import table_entry
 from replay_tf.wire import raw_fields
 from replay_tf.wire import chunk_codec
 from replay_tf.wire import tensor_codec

@@ -22,7 +22,7 @@ from replay_tf.core import chunk_store as chunk_store_lib
 from replay_tf.grpc import inserting
 from replay_tf.grpc import sampling
 from replay_tf.grpc import statuses
-from replay_tf.grpc import table_entry
+from replay_tf.grpc.server import table_entry
 from replay_tf.wire import limits
 from replay_tf.wire import reverb_service_pb2
 from replay_tf.wire import schema_pb2

@@ -19,7 +19,7 @@ import grpc
 
 from replay_tf import errors
 from replay_tf.core import chunk_store as chunk_store_lib
-from replay_tf.grpc import inserting
+from replay_tf.grpc.server import insert_stream
 from replay_tf.grpc import sampling
 from replay_tf.grpc import statuses
 from replay_tf.grpc.server import table_entry
@@ -43,7 +43,7 @@ class ReverbServicer:
         self._tables_state_id = schema_pb2.Uint128(high=state_id >> 64, low=state_id & ((1 << 64) - 1))
         # Refuses chunk tensors whose steps fit no column of the tables' signatures (None: a table has none).
         step_check = limits.StepCheck.for_signatures(table.info.signature for table in server.tables.values())
-        self._inserts = inserting.InsertStreams(self._entry, self._chunk_store, step_check)
+        self._inserts = insert_stream.InsertStreams(self._entry, self._chunk_store, step_check)
         self._samples = sampling.SampleStreams(self._entry)
 
     def close(self) -> None:

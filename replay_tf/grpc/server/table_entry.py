@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from replay_tf.core import table as table_lib
-from replay_tf.grpc import insert_queue
+from replay_tf.grpc.server import insert_queue
 from replay_tf.wire import raw_fields
 from replay_tf.wire import protos
 from replay_tf.wire import schema_pb2

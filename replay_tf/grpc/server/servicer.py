@@ -20,7 +20,7 @@ import grpc
 from replay_tf import errors
 from replay_tf.core import chunk_store as chunk_store_lib
 from replay_tf.grpc.server import insert_stream
-from replay_tf.grpc import sampling
+from replay_tf.grpc.server import sample_stream
 from replay_tf.grpc import statuses
 from replay_tf.grpc.server import table_entry
 from replay_tf.wire import limits
@@ -44,7 +44,7 @@ class ReverbServicer:
         # Refuses chunk tensors whose steps fit no column of the tables' signatures (None: a table has none).
         step_check = limits.StepCheck.for_signatures(table.info.signature for table in server.tables.values())
         self._inserts = insert_stream.InsertStreams(self._entry, self._chunk_store, step_check)
-        self._samples = sampling.SampleStreams(self._entry)
+        self._samples = sample_stream.SampleStreams(self._entry)
 
     def close(self) -> None:
         """Ends the threads the handlers keep between calls (when the calls they serve have ended)."""

@@ -305,7 +305,7 @@ def test_remote_writer_survives_a_server_process_killed_and_restarted():
 
 def test_remote_requests_stay_near_max_request_bytes(remote, monkeypatch):
     from replay_tf.grpc import common
-    from replay_tf.grpc import statuses
+    from replay_tf.grpc.server import statuses
     sizes = []
     parse = statuses.parse
 
@@ -429,7 +429,7 @@ def test_trajectory_writer_sends_each_item_with_the_chunks_its_history_can_still
 
 def _recording_requests(monkeypatch):
     """The InsertStreamRequests our server parses, recorded."""
-    from replay_tf.grpc import statuses
+    from replay_tf.grpc.server import statuses
     requests = []
     parse = statuses.parse
 

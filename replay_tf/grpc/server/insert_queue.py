@@ -16,7 +16,7 @@ import grpc
 from replay_tf import errors
 from replay_tf.core import table as table_lib
 from replay_tf.grpc import common
-from replay_tf.grpc import statuses
+from replay_tf.grpc.server import statuses
 from replay_tf.grpc import stream_slots
 
 __all__ = ["InsertQueue", "InsertStreamState"]

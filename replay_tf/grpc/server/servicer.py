@@ -21,7 +21,7 @@ from replay_tf import errors
 from replay_tf.core import chunk_store as chunk_store_lib
 from replay_tf.grpc.server import insert_stream
 from replay_tf.grpc.server import sample_stream
-from replay_tf.grpc import statuses
+from replay_tf.grpc.server import statuses
 from replay_tf.grpc.server import table_entry
 from replay_tf.wire import limits
 from replay_tf.wire import reverb_service_pb2

@@ -16,7 +16,7 @@ from typing import Optional
 import grpc
 
 from replay_tf import _addresses
-from replay_tf.grpc import auth
+from replay_tf.grpc.server import auth
 from replay_tf.grpc import common
 from replay_tf.grpc.server import servicer as servicer_lib
 from replay_tf.grpc import stream_slots

@@ -17,7 +17,7 @@ from replay_tf import errors
 from replay_tf.core import table as table_lib
 from replay_tf.grpc import common
 from replay_tf.grpc.server import statuses
-from replay_tf.grpc import stream_slots
+from replay_tf.grpc.server import stream_slots
 
 __all__ = ["InsertQueue", "InsertStreamState"]
 

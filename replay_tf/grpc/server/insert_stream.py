@@ -30,7 +30,7 @@ from replay_tf.core import item_records
 from replay_tf.grpc import common
 from replay_tf.grpc.server import insert_queue
 from replay_tf.grpc.server import statuses
-from replay_tf.grpc import stream_slots
+from replay_tf.grpc.server import stream_slots
 from replay_tf.grpc.server import table_entry
 from replay_tf.wire import raw_fields
 from replay_tf.wire import chunk_codec

@@ -19,7 +19,7 @@ from replay_tf import _addresses
 from replay_tf.grpc.server import auth
 from replay_tf.grpc import common
 from replay_tf.grpc.server import servicer as servicer_lib
-from replay_tf.grpc import stream_slots
+from replay_tf.grpc.server import stream_slots
 
 __all__ = [
     "DEFAULT_MAX_MESSAGE_BYTES",

@@ -1,7 +1,7 @@
 """`ReverbServicer`: the handlers of `deepmind.reverb.ReverbService` over a `replay_tf.Server`'s tables.
 
 The unary calls (Checkpoint, MutatePriorities, Reset, ServerInfo) and InitializeConnection are answered
-here; InsertStream and SampleStream are served by `inserting` and `sampling`. Each table is reached
+here; InsertStream and SampleStream are served by `insert_stream` and `sample_stream`. Each table is reached
 through its `table_entry.TableEntry`, kept here. `InitializeConnection` always answers `address=0`:
 Reverb clients then sample over gRPC (a table pointer can never be shared with another process, and
 Python objects have no C++ address anyway).

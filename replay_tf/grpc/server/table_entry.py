@@ -2,7 +2,7 @@
 
 Each entry holds its table, the table's name as the serialized field of sample responses, and the table's
 pending-insert queue (`insert_queue.InsertQueue`), and gives the table's `TableInfo` for ServerInfo. The
-servicer keeps one entry per table; `inserting` and `sampling` look them up by table name.
+servicer keeps one entry per table; `insert_stream` and `sample_stream` look them up by table name.
 """
 from __future__ import annotations
 

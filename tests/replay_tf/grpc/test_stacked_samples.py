@@ -402,15 +402,15 @@ def _raw_varint(value: int) -> bytes:
 
 
 def test_samples_with_string_columns_go_as_entries_a_response_of_several(monkeypatch):
-    from replay_tf.grpc.server import sample_stream
+    from replay_tf.grpc.server import sample_stream as server_streams
     monkeypatch.setattr(transport_lib, "make_transport", client_transport.Transport)
     sent_as_entries = []  # samples per call of the entries path
-    original = sample_stream.SampleStreams._responses
+    original = server_streams.SampleStreams._responses
 
     def recorded(self, entry, batch):
         sent_as_entries.append(len(batch))
         return original(self, entry, batch)
-    monkeypatch.setattr(sample_stream.SampleStreams, "_responses", recorded)
+    monkeypatch.setattr(server_streams.SampleStreams, "_responses", recorded)
     signature = {"n": tf.TensorSpec([1], tf.int64), "tag": tf.TensorSpec([1], tf.string)}
     server = reverb.Server([reverb.Table.queue("q", 100, signature=signature)])
     client = reverb.Client(f"localhost:{server.port}")

@@ -14,7 +14,7 @@ import os
 import threading
 from typing import Any, Dict, Optional, Protocol
 
-from replay_tf import _addresses
+from replay_tf.transport import addresses
 from replay_tf import _inprocess_transport
 from replay_tf.core.chunk_store import Item
 
@@ -121,7 +121,7 @@ def set_connection_options(server_address: str, *, channel_credentials=None,
     >>> set_connection_options('replay.example.com:8000', auth_token='s3cret')
     >>> set_connection_options('replay.example.com:8000')  # cleared
     """
-    _addresses.split_address(server_address)  # ValueError for a malformed address
+    addresses.split_address(server_address)  # ValueError for a malformed address
     if auth_token is not None and (not isinstance(auth_token, str) or not auth_token):
         raise ValueError(f"auth_token must be a non-empty str or None, got {type(auth_token).__name__}")
     timeout_ms = checked_timeout_ms(timeout_ms, "timeout_ms")

@@ -30,7 +30,7 @@ import numpy as np
 import tensorflow as tf
 import tree
 
-from replay_tf import _addresses
+from replay_tf.transport import addresses
 from replay_tf import _batch_source
 from replay_tf import _buffer_pool
 from replay_tf import _generator_exit
@@ -369,7 +369,7 @@ class TrajectoryDataset(_lazy_dataset.LazyDatasetV1):
         transport = transport_lib.make_transport(server_address)
         request = self._max_in_flight if batch_size is None else max(self._max_in_flight, batch_size)
         fully_defined = all(s.is_fully_defined() for s in self._column_shapes)
-        stacked = (_addresses.is_loopback_target(server_address) if self._stacked_samples is None
+        stacked = (addresses.is_loopback_target(server_address) if self._stacked_samples is None
                    else bool(self._stacked_samples))
         stacked = stacked and fully_defined  # (variable shapes are not stacked here either)
 

@@ -15,7 +15,7 @@ from typing import Optional
 
 import grpc
 
-from replay_tf import _addresses
+from replay_tf.transport import addresses
 from replay_tf.grpc.server import auth
 from replay_tf.grpc import common
 from replay_tf.grpc.server import servicer as servicer_lib
@@ -121,10 +121,10 @@ def start(server, *, host: Optional[str] = None, port: Optional[int] = None,
         server_credentials = getattr(server, "server_credentials", None)
     if auth_token is None:
         auth_token = getattr(server, "auth_token", None)
-    if not _addresses.is_loopback_host(host) and server_credentials is None and auth_token is None:
+    if not addresses.is_loopback_host(host) and server_credentials is None and auth_token is None:
         _log.warning("the replay server binds %s:%s without TLS or auth token: anyone who can reach it may read, "
                      "insert and delete data (pass server_credentials= and auth_token= to Server)", host, port)
-    elif not _addresses.is_loopback_host(host) and server_credentials is None:
+    elif not addresses.is_loopback_host(host) and server_credentials is None:
         # Clients refuse to send a token in plaintext to a non-loopback address unless their users opt in.
         _log.warning("the replay server binds %s:%s with an auth token but without TLS: clients send the token in "
                      "plaintext, readable by anyone on the network path (pass server_credentials= to Server for "

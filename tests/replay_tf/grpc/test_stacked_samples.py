@@ -9,7 +9,7 @@ import tensorflow as tf
 from google.protobuf import message as protobuf_message
 
 import replay_tf as reverb
-from replay_tf import _addresses
+from replay_tf.transport import addresses
 from replay_tf import _stacking
 from replay_tf import _transport as transport_lib
 from replay_tf.core import chunk_store
@@ -108,7 +108,7 @@ def test_loopback_servers_are_asked_by_default_and_unbatched_samples_match(remot
     ("ipv4:127.0.0.1:4", True), ("unix:/tmp/socket", True), ("example.com:80", False), ("10.0.0.1:5", False),
     ("[2001:db8::1]:5", False), ("127.0.0.2:9", True), ("127.example.com:80", False)])
 def test_only_loopback_addresses_get_stacked_samples_by_default(address, expected):
-    assert _addresses.is_loopback_target(address) is expected
+    assert addresses.is_loopback_target(address) is expected
 
 
 def test_items_that_do_not_stack_fall_back_to_entries_and_name_the_column(monkeypatch):

@@ -14,7 +14,7 @@ import time
 from typing import Any, Dict, Optional
 
 from replay_tf import errors
-from replay_tf import _local_servers
+from replay_tf.transport import local_servers
 from replay_tf.core import item_records
 from replay_tf.core.chunk_store import Item
 from replay_tf.wire import limits
@@ -203,7 +203,7 @@ class InProcessTransport:
 
 def for_address(server_address: str) -> Optional[InProcessTransport]:
     """The in-process transport to the running `Server` of this process that owns `server_address`, if any."""
-    server = _local_servers.find_local_server(server_address)
+    server = local_servers.find_local_server(server_address)
     if server is None or server.stopped:
         return None
     return InProcessTransport(server)

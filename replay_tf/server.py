@@ -19,7 +19,7 @@ import socket
 import threading
 from typing import Optional, Sequence
 
-from replay_tf import _local_servers
+from replay_tf.transport import local_servers
 from replay_tf import client
 from replay_tf import errors
 from replay_tf.core.chunk_store import ChunkStore
@@ -111,14 +111,14 @@ class Server:
         self._stopped = threading.Event()
         if checkpointer is not None and hasattr(checkpointer, "load_latest"):
             checkpointer.load_latest(self)
-        _local_servers.register(self._port, self)
+        local_servers.register(self._port, self)
         try:
             self._service = self._start_service()
         except BaseException:
             # Unregistered: a failed Server (e.g. its port is taken by another process) must not answer
             # in-process clients of that port, which would then miss the process that owns it.
             self._stopped.set()
-            _local_servers.unregister(self._port, self)
+            local_servers.unregister(self._port, self)
             raise
 
     def _start_service(self):
@@ -202,7 +202,7 @@ class Server:
                 self._service.stop(0.5)
             except TypeError:  # a listener whose stop() takes no grace period
                 self._service.stop()
-        _local_servers.unregister(self._port, self)
+        local_servers.unregister(self._port, self)
 
     def wait(self) -> None:
         """Blocks until `stop()`; raises KeyboardInterrupt when stopped by SIGINT (as Reverb does)."""

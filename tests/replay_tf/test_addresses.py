@@ -3,7 +3,7 @@ import pytest
 
 import replay_tf as reverb
 from replay_tf.transport import addresses
-from replay_tf import _local_servers
+from replay_tf.transport import local_servers
 
 
 @pytest.mark.parametrize("address, expected", [
@@ -33,8 +33,8 @@ def test_clients_find_this_process_server_at_any_loopback_or_bind_all_host():
     server = reverb.Server([reverb.Table.queue("q", 2)])
     try:
         for host in ("localhost", "127.0.0.1", "127.0.0.2", "[::1]", "0.0.0.0"):
-            assert _local_servers.find_local_server(f"{host}:{server.port}") is server, host
-        assert _local_servers.find_local_server(f"example.com:{server.port}") is None
-        assert _local_servers.find_local_server(f"localhost:{server.port + 1 if server.port < 65535 else 1}") is None
+            assert local_servers.find_local_server(f"{host}:{server.port}") is server, host
+        assert local_servers.find_local_server(f"example.com:{server.port}") is None
+        assert local_servers.find_local_server(f"localhost:{server.port + 1 if server.port < 65535 else 1}") is None
     finally:
         server.stop()

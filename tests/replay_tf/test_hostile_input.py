@@ -178,7 +178,7 @@ def token_server():
 
 @pytest.mark.parametrize("source", ["argument", "environment"])
 def test_token_whitespace_is_stripped_on_the_client(token_server, monkeypatch, source):
-    from replay_tf import _local_servers
+    from replay_tf.transport import local_servers
     monkeypatch.setattr(_local_servers, "find_local_server", lambda address: None)   # over gRPC, as remotely
     padded = f"  {_TOKEN}\n"                       # as read from a file or an environment variable
     if source == "environment":
@@ -217,7 +217,7 @@ def test_a_token_served_without_tls_beyond_loopback_is_logged(caplog, host, tls,
 def test_a_server_that_fails_to_bind_is_not_reachable_in_process():
     import concurrent.futures
     import grpc
-    from replay_tf import _local_servers
+    from replay_tf.transport import local_servers
     other = grpc.server(concurrent.futures.ThreadPoolExecutor(1), options=[("grpc.so_reuseport", 0)])
     port = other.add_insecure_port("localhost:0")
     other.start()
@@ -226,7 +226,7 @@ def test_a_server_that_fails_to_bind_is_not_reachable_in_process():
         with pytest.raises(ValueError, match=rf"could not bind the replay service to localhost:{port}") as info:
             reverb.Server([table], port=port)
         assert info.value is not None   # the traceback (and the failed Server in it) is still alive here
-        assert _local_servers.find_local_server(f"localhost:{port}") is None
+        assert local_servers.find_local_server(f"localhost:{port}") is None
         client = reverb.Client(f"localhost:{port}")
         assert type(client.transport).__name__ == "Transport"   # the gRPC transport, not in-process
         client.transport.close()
@@ -259,7 +259,7 @@ def test_a_client_of_a_silent_address_logs_that_it_waits(caplog, monkeypatch):
 
 def test_a_reachable_server_logs_no_wait(caplog, monkeypatch):
     from replay_tf.grpc.client import client_transport
-    from replay_tf import _local_servers
+    from replay_tf.transport import local_servers
     monkeypatch.setattr(client_transport, "WAIT_LOG_AFTER_S", 0.3)
     server = reverb.Server([reverb.Table.queue("q", 10)])
     try:

@@ -15,7 +15,7 @@ import threading
 from typing import Any, Dict, Optional, Protocol
 
 from replay_tf.transport import addresses
-from replay_tf import _inprocess_transport
+from replay_tf.transport import inprocess
 from replay_tf.core.chunk_store import Item
 
 
@@ -181,7 +181,7 @@ def make_transport(server_address: str, *, channel_credentials=None,
     `set_connection_options` or the environment. A local server is reached in-process whatever its
     credentials: code of the same process is trusted.
     """
-    local = _inprocess_transport.for_address(server_address)
+    local = inprocess.for_address(server_address)
     if local is not None:
         return local
     try:

@@ -34,7 +34,7 @@ from replay_tf.transport import addresses
 from replay_tf import _batch_source
 from replay_tf import _buffer_pool
 from replay_tf import _generator_exit
-from replay_tf import _inprocess_transport
+from replay_tf.transport import inprocess
 from replay_tf import _lazy_dataset
 from replay_tf import _packed_rows
 from replay_tf import _sample_workers
@@ -227,7 +227,7 @@ class TrajectoryDataset(_lazy_dataset.LazyDatasetV1):
         with tf.init_scope():
             if not tf.executing_eagerly():
                 return None
-        transport = _inprocess_transport.for_address(self._server_address)
+        transport = inprocess.for_address(self._server_address)
         packer = self._packer()
         if transport is None or packer is None or self._table not in transport.server.tables:
             return None

@@ -499,7 +499,7 @@ def test_a_draining_server_refuses_priority_updates_deletes_and_resets(remote, m
     server = reverb.Server([_uniform_table()])
     try:
         client = reverb.Client(f"localhost:{server.port}")
-        assert type(client._transport).__module__.endswith("client_transport" if remote else "_inprocess_transport")
+        assert type(client._transport).__module__.endswith("client_transport" if remote else "transport.inprocess")
         client.insert([np.float32(1.0)], {"t": 1.0})
         [key] = [s[0].info.key for s in client.sample("t", 1)]
         server.refuse_inserts()

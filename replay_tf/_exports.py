@@ -28,7 +28,7 @@ from replay_tf import reverb_types
 from replay_tf import selectors
 from replay_tf import structured_writer
 from replay_tf import structured_writer as structured
-from replay_tf._transport import set_connection_options
+from replay_tf.transport.base import set_connection_options
 from replay_tf.client import Client
 from replay_tf.errors import DeadlineExceededError
 from replay_tf.errors import ReverbError

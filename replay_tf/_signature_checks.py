@@ -12,7 +12,7 @@ import numpy as np
 import tensorflow as tf
 import tree
 
-from replay_tf import _transport as transport_lib
+from replay_tf.transport import base as transport_lib
 from replay_tf.transport.inprocess import InProcessTransport
 
 

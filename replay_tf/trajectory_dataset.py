@@ -41,7 +41,7 @@ from replay_tf import _sample_workers
 from replay_tf import _shared_samples
 from replay_tf import _signature_checks
 from replay_tf import _stacking
-from replay_tf import _transport as transport_lib
+from replay_tf.transport import base as transport_lib
 from replay_tf import errors
 from replay_tf._signature_checks import numpy_dtype
 from replay_tf.replay_sample import ReplaySample

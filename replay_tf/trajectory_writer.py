@@ -262,7 +262,7 @@ class TrajectoryWriter(FlushOnExitCloseOnDelete):
     """Reverb's `TrajectoryWriter` (create with `Client.trajectory_writer`).
 
     Args:
-      stream: An insert stream of the client's transport (`replay_tf._transport.InsertStream`).
+      stream: An insert stream of the client's transport (`replay_tf.transport.base.InsertStream`).
       num_keep_alive_refs: How many recent steps of each column items may refer to.
       table_infos: Table name -> `TableInfo` used to validate items (None: no validation).
       delta_encoded: (an addition, for the legacy `Writer`) delta-encode the chunks' integer tensors of

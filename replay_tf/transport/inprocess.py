@@ -1,6 +1,6 @@
 """The in-process transport of `replay_tf.Client`: calls the tables of a `Server` in this process directly
-(no serialization, no copies on insert). Implements `replay_tf._transport.Transport`; `for_address` finds the
-server (`_local_servers`).
+(no serialization, no copies on insert). Implements `replay_tf.transport.base.Transport`; `for_address` finds the
+server (`local_servers`).
 
 A `server` argument below is a `replay_tf.Server`, not imported here: the server module imports the client,
 which reaches this module.
@@ -49,7 +49,7 @@ class InsertStream:
             raise error
 
     def send(self, table: str, item: Item, live: Optional[tuple] = None) -> None:
-        # (`live` only matters to remote streams: see `_transport.InsertStream.send`.) As in Reverb, the table
+        # (`live` only matters to remote streams: see `base.InsertStream.send`.) As in Reverb, the table
         # does not check items against its signature: writers do (validate_items). The rest of the rules of
         # every path into a table apply here too, so that a checkpoint's restore accepts what was inserted.
         target = self._server.table(table)

@@ -494,7 +494,7 @@ def test_a_draining_server_refuses_priority_updates_deletes_and_resets(remote, m
     # change, so changes other than inserts are refused too; sampling goes on.
     if remote:
         from replay_tf.grpc.client import client_transport
-        from replay_tf import _transport as transport_lib
+        from replay_tf.transport import base as transport_lib
         monkeypatch.setattr(transport_lib, "make_transport", client_transport.Transport)
     server = reverb.Server([_uniform_table()])
     try:

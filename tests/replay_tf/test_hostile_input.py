@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 import replay_tf as reverb
-from replay_tf import _transport as transport_lib
+from replay_tf.transport import base as transport_lib
 from replay_tf import errors
 from replay_tf.core import selectors
 

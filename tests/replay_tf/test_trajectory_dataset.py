@@ -223,7 +223,7 @@ def _record_chunk_cache(monkeypatch) -> list:
     """Makes clients sample over gRPC and records (entries, bytes) of the chunk cache after every chunk."""
     from replay_tf.grpc.client import sample_stream
     from replay_tf.grpc.client import client_transport
-    from replay_tf import _transport as transport_lib
+    from replay_tf.transport import base as transport_lib
     sizes = []
     original = sample_stream.SampleStream._chunk
 
@@ -292,7 +292,7 @@ def _wait_until(condition, timeout_s=10.0):
 def queue_server(request, monkeypatch):
     """A server with a 10-item queue of int32 [1] items, reached in-process or over gRPC."""
     from replay_tf.grpc.client import client_transport
-    from replay_tf import _transport as transport_lib
+    from replay_tf.transport import base as transport_lib
     server = reverb.Server([reverb.Table.queue("q", 10, signature=tf.TensorSpec([1], tf.int32))])
     if request.param == "grpc":
         monkeypatch.setattr(transport_lib, "make_transport", client_transport.Transport)
@@ -341,7 +341,7 @@ def test_closing_a_blocked_batch_generator_releases_its_stream(queue_server):
 def transport_kind(request, monkeypatch):
     """Runs a test with the in-process transport and again over gRPC; counts the sample streams opened."""
     from replay_tf.grpc.client import client_transport
-    from replay_tf import _transport as transport_lib
+    from replay_tf.transport import base as transport_lib
     opened = []
     make = client_transport.Transport if request.param == "grpc" else transport_lib.make_transport
 

@@ -128,7 +128,7 @@ def test_server_stop_fails_the_waiting_items_and_flush_does_not_hang():
 def remote(monkeypatch):
     """Clients of this test reach local servers through the gRPC transport."""
     from replay_tf.grpc.client import client_transport
-    from replay_tf import _transport as transport_lib
+    from replay_tf.transport import base as transport_lib
     monkeypatch.setattr(transport_lib, "make_transport", client_transport.Transport)
 
 

@@ -14,7 +14,7 @@ import tensorflow as tf
 
 import replay_tf as reverb
 from replay_tf.transport import local_servers
-from replay_tf import _transport as transport_lib
+from replay_tf.transport import base as transport_lib
 from replay_tf import errors
 from replay_tf.wire import reverb_service_pb2
 

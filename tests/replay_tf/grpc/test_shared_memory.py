@@ -15,7 +15,7 @@ import tensorflow as tf
 
 import replay_tf as reverb
 from replay_tf import _stacking
-from replay_tf import _transport as transport_lib
+from replay_tf.transport import base as transport_lib
 from replay_tf import errors
 from replay_tf.core import chunk_store
 from replay_tf.core import table as table_lib

@@ -11,7 +11,7 @@ from google.protobuf import message as protobuf_message
 import replay_tf as reverb
 from replay_tf.transport import addresses
 from replay_tf import _stacking
-from replay_tf import _transport as transport_lib
+from replay_tf.transport import base as transport_lib
 from replay_tf.core import chunk_store
 from replay_tf.core import table as table_lib
 from replay_tf.grpc.client import client_transport

@@ -25,7 +25,7 @@ import pytest
 import tensorflow as tf
 
 import replay_tf as reverb
-from replay_tf import _transport as transport_lib
+from replay_tf.transport import base as transport_lib
 from replay_tf.core import chunk_store
 from replay_tf.wire import raw_fields
 from replay_tf.wire import chunk_codec

@@ -1,8 +1,8 @@
 """What a `Client` needs from a server connection, and how one is made for an address.
 
 `Transport`, `InsertStream` and `SampleStream` describe a connection: the in-process transport
-(`_inprocess_transport`, the tables of a `Server` of this process called directly) and the remote one
-(`grpc.client_transport`, imported only when a server is remote, so that in-process use never loads gRPC) both
+(`inprocess`, the tables of a `Server` of this process called directly) and the remote one
+(`grpc.client.client_transport`, imported only when a server is remote, so that in-process use never loads gRPC) both
 implement them. Writers use `open_insert_stream()`; `TrajectoryDataset` and `Client.sample` use
 `open_sample_stream(...)`; both exchange `replay_tf.core` objects (`Item`, `Chunk`, `SampledItem`), so the
 remote transport only adds encoding. `make_transport` picks one for an address, with the TLS and token

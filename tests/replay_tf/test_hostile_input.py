@@ -179,7 +179,7 @@ def token_server():
 @pytest.mark.parametrize("source", ["argument", "environment"])
 def test_token_whitespace_is_stripped_on_the_client(token_server, monkeypatch, source):
     from replay_tf.transport import local_servers
-    monkeypatch.setattr(_local_servers, "find_local_server", lambda address: None)   # over gRPC, as remotely
+    monkeypatch.setattr(local_servers, "find_local_server", lambda address: None)   # over gRPC, as remotely
     padded = f"  {_TOKEN}\n"                       # as read from a file or an environment variable
     if source == "environment":
         monkeypatch.setenv(transport_lib.AUTH_TOKEN_ENV, padded)
@@ -263,7 +263,7 @@ def test_a_reachable_server_logs_no_wait(caplog, monkeypatch):
     monkeypatch.setattr(client_transport, "WAIT_LOG_AFTER_S", 0.3)
     server = reverb.Server([reverb.Table.queue("q", 10)])
     try:
-        monkeypatch.setattr(_local_servers, "find_local_server", lambda address: None)
+        monkeypatch.setattr(local_servers, "find_local_server", lambda address: None)
         with caplog.at_level(logging.WARNING, logger="replay_tf.grpc.client.client_transport"):
             client = reverb.Client(f"localhost:{server.port}")
             assert sorted(client.server_info(timeout=10)) == ["q"]

@@ -59,7 +59,7 @@ def token_server():
 @pytest.fixture
 def remote(monkeypatch):
     """Clients of this process connect over gRPC, as from another machine."""
-    monkeypatch.setattr(_local_servers, "find_local_server", lambda address: None)
+    monkeypatch.setattr(local_servers, "find_local_server", lambda address: None)
 
 
 def _channel_credentials(certificate):

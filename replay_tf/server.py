@@ -122,7 +122,8 @@ class Server:
             raise
 
     def _start_service(self):
-        """Hook that starts the network listener (`replay_tf.grpc.server.service.start(server)`), when that module exists."""
+        """Hook that starts the network listener (`replay_tf.grpc.server.service.start(server)`), when that
+        module exists."""
         if importlib.util.find_spec("replay_tf.grpc.server.service") is None:
             return None
         from replay_tf.grpc.server import service  # noqa: PLC0415  (the gRPC layer is optional for in-process use)

@@ -3,9 +3,9 @@
 `start(server)` is the hook `replay_tf.Server` calls: it serves the server's tables on `server.host`
 (localhost unless the user chose otherwise) and `server.port`, and returns a handle with `stop()`.
 The protocol follows ../shared/reference/reverb.md §2, as a dm-reverb 0.14 client expects it: the
-handlers are `servicer.ReverbServicer` (unary calls), `insert_stream` (InsertStream, its table queues in
-`insert_queue`) and `sample_stream` (SampleStream), each table reached through a `table_entry.TableEntry`;
-`auth` checks tokens and `stream_slots` sizes the thread pool.
+handlers are `servicer.ReverbServicer` (unary calls), `insert_stream` (InsertStream, its items queued in
+the tables' `core.insert_queue`) and `sample_stream` (SampleStream), each table reached through a
+`table_entry.TableEntry`; `auth` checks tokens and `stream_slots` sizes the thread pool.
 """
 from __future__ import annotations
 

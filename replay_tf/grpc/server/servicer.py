@@ -54,7 +54,7 @@ class ReverbServicer:
 
     def pending_inserts(self, table: str) -> tuple:
         """`(items waiting in the table's pending-insert queue, the queue's limit)`."""
-        queue = self._entry(table).inserts
+        queue = self._entry(table).table.insert_queue
         return len(queue), queue.limit
 
     def _entry(self, name: str) -> table_entry.TableEntry:

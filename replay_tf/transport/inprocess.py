@@ -39,10 +39,14 @@ class InsertStream:
     def __init__(self, server):
         self._server = server
         self._cv = threading.Condition(threading.Lock())
-        self._queued = 0  # items of this stream waiting in table queues
+        # Items of this stream queued in table queues, and those of them finished: counted apart, so that
+        # queueing (in the sending thread, the only one that queues) takes no lock of its own.
+        self._num_queued = 0
+        self._num_finished = 0
         self._queues: set = set()  # the queues this stream's items went to
         self._error: Optional[Exception] = None
         self._closed = False
+        self._flushing = 0  # threads waiting in flush (a finished item notifies only then)
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:
@@ -58,11 +62,13 @@ class InsertStream:
         target = self._server.table(table)
         item_records.check_item(target, item, max_item_bytes=limits.MAX_ITEM_BYTES,
                                 string_element_bytes=limits.STRING_ELEMENT_BYTES)
-        self._raise_if_failed()
+        if self._error is not None:
+            self._raise_if_failed()
         queue = target.insert_queue
-        if not queue.put(item, self) and queue not in self._queues:
+        if queue not in self._queues:  # (before the item can wait there: close and failures drop from it)
             with self._cv:
                 self._queues.add(queue)
+        queue.put(item, self)
 
     # --- core.insert_queue.InsertOwner ---
 
@@ -76,8 +82,7 @@ class InsertStream:
         pass  # every insert is reported when it happens
 
     def queued(self) -> None:
-        with self._cv:
-            self._queued += 1
+        self._num_queued += 1
 
     def finished(self, item: Item, error: Optional[BaseException]) -> None:
         dropped = 0
@@ -88,10 +93,11 @@ class InsertStream:
                 queues = list(self._queues)
             dropped = sum(queue.drop(self) for queue in queues)
         with self._cv:
-            self._queued -= 1 + dropped
+            self._num_finished += 1 + dropped
             if error is not None and not self._closed and self._error is None:
                 self._error = error  # raised by the next send/flush, as the remote stream does
-            self._cv.notify_all()
+            if self._flushing:
+                self._cv.notify_all()
 
     def start_worker(self, target, table_name: str) -> None:
         threading.Thread(target=target, name=f"replay_tf-inserts-{table_name}", daemon=True).start()
@@ -101,17 +107,21 @@ class InsertStream:
     def flush(self, block_until_num_items: int = 0, timeout_ms: Optional[int] = None) -> None:
         deadline = None if timeout_ms is None or timeout_ms < 0 else time.monotonic() + timeout_ms / 1000.0
         with self._cv:
-            while self._queued > block_until_num_items and self._error is None:
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    raise errors.DeadlineExceededError(
-                        f"Flush call did not complete within provided timeout of "
-                        f"{datetime.timedelta(milliseconds=timeout_ms)}")
-                self._cv.wait(remaining)
+            self._flushing += 1
+            try:
+                while self._num_queued - self._num_finished > block_until_num_items and self._error is None:
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        raise errors.DeadlineExceededError(
+                            f"Flush call did not complete within provided timeout of "
+                            f"{datetime.timedelta(milliseconds=timeout_ms)}")
+                    self._cv.wait(remaining)
+            finally:
+                self._flushing -= 1
         self._raise_if_failed()
 
     def num_pending(self) -> int:
-        return self._queued
+        return self._num_queued - self._num_finished
 
     def close(self) -> None:
         with self._cv:
@@ -120,7 +130,7 @@ class InsertStream:
         # (An item being inserted may still land: wait for that attempt, at most a few of its slices.)
         dropped = sum(queue.drop(self, insert_queue.WAIT_SLICE_MS / 1000.0 * 4) for queue in queues)
         with self._cv:
-            self._queued -= dropped
+            self._num_finished += dropped
             self._cv.notify_all()
 
 

@@ -41,7 +41,7 @@ import tree
 
 from replay_tf import _batch_source
 from replay_tf import _generator_exit
-from replay_tf import _local_servers
+from replay_tf.transport import local_servers
 from replay_tf import errors
 
 # `SharedSamples` by (server, address, table, samples per batch, layout, column names). Kept for the life of
@@ -93,7 +93,7 @@ class SharedSamples:
         the dataset was built still runs and holds the same table."""
         server = self._server
         return (server is not None and not self._stop.is_set() and not server.stopped
-                and _local_servers.find_local_server(self._address) is server
+                and local_servers.find_local_server(self._address) is server
                 and server.tables.get(self._table_name) is self._table)
 
     def opened(self) -> bool:

@@ -12,8 +12,8 @@ import numpy as np
 import tensorflow as tf
 import tree
 
-from replay_tf import _transport as transport_lib
-from replay_tf._inprocess_transport import InProcessTransport
+from replay_tf.transport import base as transport_lib
+from replay_tf.transport.inprocess import InProcessTransport
 
 
 def table_signature(server_address: str, table: str, timeout_secs: Optional[int]) -> Any:

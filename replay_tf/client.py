@@ -2,7 +2,7 @@
 
 `Client(address)` uses the in-process transport when a `Server` of this process owns `address` (tables are
 called directly: no serialization, no copies on insert), and otherwise the remote transport from
-`replay_tf.grpc.client_transport`, imported lazily (see `replay_tf._transport`, which also holds
+`replay_tf.grpc.client.client_transport`, imported lazily (see `replay_tf.transport.base`, which also holds
 `set_connection_options`).
 
 >>> import replay_tf as reverb
@@ -22,11 +22,11 @@ from typing import Any, Dict, Iterator, List, Optional
 import numpy as np
 import tree
 
-from replay_tf import _transport as transport_lib
+from replay_tf.transport import base as transport_lib
 from replay_tf import errors
 from replay_tf.writing.leaves import leaf_array
-from replay_tf._transport import Transport
-from replay_tf._transport import set_connection_options  # noqa: F401  (a public name of this module)
+from replay_tf.transport.base import Transport
+from replay_tf.transport.base import set_connection_options  # noqa: F401  (a public name of this module)
 from replay_tf.legacy_writer import Writer
 from replay_tf.replay_sample import ReplaySample
 from replay_tf.replay_sample import SampleInfo

@@ -1,4 +1,4 @@
-"""`Server`: owns tables and serves them in-process (and, when `replay_tf.grpc.service` exists, over gRPC).
+"""`Server`: owns tables and serves them in-process (and, when `replay_tf.grpc.server.service` exists, over gRPC).
 
 A server registers itself under `localhost:<port>` (and the loopback aliases) so that a `Client` created in
 the same process talks to its tables directly, with no serialization. The gRPC listener is started by the
@@ -19,7 +19,7 @@ import socket
 import threading
 from typing import Optional, Sequence
 
-from replay_tf import _local_servers
+from replay_tf.transport import local_servers
 from replay_tf import client
 from replay_tf import errors
 from replay_tf.core.chunk_store import ChunkStore
@@ -44,7 +44,7 @@ class Server:
       host: Interface the network listener binds to (keyword-only; default localhost). Reverb binds every
         interface; pass "0.0.0.0" (or "[::]") for that, knowing the tables are then served unauthenticated.
       max_message_bytes: Largest gRPC request the listener accepts, in bytes (keyword-only; `None` for the
-        default of `replay_tf.grpc.service.DEFAULT_MAX_MESSAGE_BYTES`, -1 for no limit). A larger request (e.g.
+        default of `replay_tf.grpc.server.service.DEFAULT_MAX_MESSAGE_BYTES`, -1 for no limit). A larger request (e.g.
         an insert carrying a huge chunk) fails with `RESOURCE_EXHAUSTED`; the server keeps serving. Reverb's
         C++ server accepts messages of any size. In-process clients are never limited.
       server_credentials: `grpc.ServerCredentials` (e.g. `grpc.ssl_server_credentials([(key_pem, cert_pem)])`)
@@ -58,7 +58,7 @@ class Server:
         memory anyway).
       max_streams: Keyword-only, an addition: most gRPC streams (writers, samplers, datasets) open at once,
         idle ones and samplers waiting on a rate limiter included (`None` for
-        `replay_tf.grpc.service.DEFAULT_MAX_STREAMS`, 4096). One more fails at once with RESOURCE_EXHAUSTED;
+        `replay_tf.grpc.server.service.DEFAULT_MAX_STREAMS`, 4096). One more fails at once with RESOURCE_EXHAUSTED;
         unary calls (server_info, mutate_priorities, reset, checkpoint) are always served. Reverb's C++
         server has no such limit.
 
@@ -96,10 +96,10 @@ class Server:
                              f"at once), or None for the default")
         self._tables = {t.name: t for t in tables}
         self._host = host
-        #: Read by `replay_tf.grpc.service.start`: TLS credentials and the token calls must carry.
+        #: Read by `replay_tf.grpc.server.service.start`: TLS credentials and the token calls must carry.
         self.server_credentials = server_credentials
         self.auth_token = auth_token
-        #: Read by `replay_tf.grpc.service.start` when it starts the listener.
+        #: Read by `replay_tf.grpc.server.service.start` when it starts the listener.
         self.max_message_bytes = None if max_message_bytes is None else int(max_message_bytes)
         self.max_streams = max_streams
         self._port = _pick_unused_port() if port is None else int(port)
@@ -111,21 +111,22 @@ class Server:
         self._stopped = threading.Event()
         if checkpointer is not None and hasattr(checkpointer, "load_latest"):
             checkpointer.load_latest(self)
-        _local_servers.register(self._port, self)
+        local_servers.register(self._port, self)
         try:
             self._service = self._start_service()
         except BaseException:
             # Unregistered: a failed Server (e.g. its port is taken by another process) must not answer
             # in-process clients of that port, which would then miss the process that owns it.
             self._stopped.set()
-            _local_servers.unregister(self._port, self)
+            local_servers.unregister(self._port, self)
             raise
 
     def _start_service(self):
-        """Hook that starts the network listener (`replay_tf.grpc.service.start(server)`), when that module exists."""
-        if importlib.util.find_spec("replay_tf.grpc.service") is None:
+        """Hook that starts the network listener (`replay_tf.grpc.server.service.start(server)`), when that
+        module exists."""
+        if importlib.util.find_spec("replay_tf.grpc.server.service") is None:
             return None
-        from replay_tf.grpc import service  # noqa: PLC0415  (the gRPC layer is optional for in-process use)
+        from replay_tf.grpc.server import service  # noqa: PLC0415  (the gRPC layer is optional for in-process use)
         start = getattr(service, "start", None)
         return start(self) if start is not None else None
 
@@ -202,7 +203,7 @@ class Server:
                 self._service.stop(0.5)
             except TypeError:  # a listener whose stop() takes no grace period
                 self._service.stop()
-        _local_servers.unregister(self._port, self)
+        local_servers.unregister(self._port, self)
 
     def wait(self) -> None:
         """Blocks until `stop()`; raises KeyboardInterrupt when stopped by SIGINT (as Reverb does)."""

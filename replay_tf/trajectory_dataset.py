@@ -30,18 +30,18 @@ import numpy as np
 import tensorflow as tf
 import tree
 
-from replay_tf import _addresses
+from replay_tf.transport import addresses
 from replay_tf import _batch_source
 from replay_tf import _buffer_pool
 from replay_tf import _generator_exit
-from replay_tf import _inprocess_transport
+from replay_tf.transport import inprocess
 from replay_tf import _lazy_dataset
 from replay_tf import _packed_rows
 from replay_tf import _sample_workers
 from replay_tf import _shared_samples
 from replay_tf import _signature_checks
 from replay_tf import _stacking
-from replay_tf import _transport as transport_lib
+from replay_tf.transport import base as transport_lib
 from replay_tf import errors
 from replay_tf._signature_checks import numpy_dtype
 from replay_tf.replay_sample import ReplaySample
@@ -216,7 +216,7 @@ class TrajectoryDataset(_lazy_dataset.LazyDatasetV1):
         with tf.init_scope():
             if not tf.executing_eagerly():
                 return None
-        transport = _inprocess_transport.for_address(self._server_address)
+        transport = inprocess.for_address(self._server_address)
         packer = self._packer()
         if transport is None or packer is None or self._table not in transport.server.tables:
             return None
@@ -358,7 +358,7 @@ class TrajectoryDataset(_lazy_dataset.LazyDatasetV1):
         transport = transport_lib.make_transport(server_address)
         request = self._max_in_flight if batch_size is None else max(self._max_in_flight, batch_size)
         fully_defined = all(s.is_fully_defined() for s in self._column_shapes)
-        stacked = (_addresses.is_loopback_target(server_address) if self._stacked_samples is None
+        stacked = (addresses.is_loopback_target(server_address) if self._stacked_samples is None
                    else bool(self._stacked_samples))
         stacked = stacked and fully_defined  # (variable shapes are not stacked here either)
 

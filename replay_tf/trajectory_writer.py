@@ -16,7 +16,7 @@ Delivery is asynchronous, as in Reverb: `create_item` never blocks. In process, 
 refuses is inserted by a background thread of the writer's stream as soon as the table admits it (items
 keep their order). A remote stream that loses its server (UNAVAILABLE, e.g. a restart at the same address)
 reconnects and re-sends the items the server has not confirmed, with their chunks (at-least-once, keyed:
-see `replay_tf.grpc.insert_stream.InsertStream`). `flush` and `end_episode` wait for the items; `close` drops
+see `replay_tf.grpc.client.insert_stream.InsertStream`). `flush` and `end_episode` wait for the items; `close` drops
 those still waiting.
 
 >>> import replay_tf as reverb
@@ -97,7 +97,7 @@ class TrajectoryWriter(FlushOnExitCloseOnDelete):
     """Reverb's `TrajectoryWriter` (create with `Client.trajectory_writer`).
 
     Args:
-      stream: An insert stream of the client's transport (`replay_tf._transport.InsertStream`).
+      stream: An insert stream of the client's transport (`replay_tf.transport.base.InsertStream`).
       num_keep_alive_refs: How many recent steps of each column items may refer to.
       table_infos: Table name -> `TableInfo` used to validate items (None: no validation).
       delta_encoded: (an addition, for the legacy `Writer`) delta-encode the chunks' integer tensors of

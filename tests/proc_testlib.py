@@ -114,7 +114,7 @@ def rss_kb(pid: int) -> int:
 def remote_client(address: str):
     """A `replay_tf.Client` that talks gRPC even if a server of this process owns `address`."""
     import replay_tf as reverb
-    from replay_tf.grpc import client_transport
+    from replay_tf.grpc.client import client_transport
     client = reverb.Client(address)
     client._transport = client_transport.Transport(address)
     return client

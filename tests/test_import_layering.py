@@ -160,6 +160,28 @@ def test_the_server_core_knows_no_transport_or_serialization(forbidden):
     assert offending == []
 
 
+def test_only_the_service_adapter_and_the_remote_client_import_the_grpc_layer():
+    # (`Server` starts the service; `make_transport` builds the remote transport for a server elsewhere.)
+    found = {}
+    for imp in _IMPORTS:
+        if imp.module == "replay_tf.grpc" or imp.module.startswith("replay_tf.grpc."):
+            continue
+        for target in imp.targets:
+            own = _own(target)
+            if own == "replay_tf.grpc" or own.startswith("replay_tf.grpc."):
+                found.setdefault(imp.module, set()).add(own)
+    assert found == {"replay_tf.server": {"replay_tf.grpc.server.service"},
+                     "replay_tf.transport.base": {"replay_tf.grpc.client.client_transport"}}
+
+
+@pytest.mark.parametrize("side, other", [("client", "server"), ("server", "client")])
+def test_the_grpc_client_and_server_do_not_import_each_other(side, other):
+    offending = [(imp.module, imp.node.lineno, target) for imp in _IMPORTS
+                 if imp.module.startswith(f"replay_tf.grpc.{side}")
+                 for target in imp.targets if _own(target).startswith(f"replay_tf.grpc.{other}")]
+    assert offending == []
+
+
 def test_no_package_imports_another_packages_private_module():
     offending = []
     for imp in _IMPORTS:

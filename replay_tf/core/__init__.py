@@ -24,6 +24,8 @@ Table (`table.Table`, the base of the public `replay_tf.Table`):
   table_size, rate_limited)]` is a flexible batch: waits for the first admitted sample, returns up to
   `num_samples` admitted without waiting again.
   `mutate_items(updates=[(key, priority)], deletes=[key])`: deletes first, then updates; unknown keys ignored.
+  `insert_queue` (`insert_queue.InsertQueue`): the items the rate limiter holds back, inserted in order by a
+  worker thread; `put(item, owner)` inserts now or queues. Both transports' insert streams use it.
   `reset()`, `close()` (blocked and later calls raise `errors.CancelledError`), `status -> TableStatus`,
   `check_priority(key, priority)`, `check_signature(item)`, `can_sample(n)`, `can_insert(n)`,
   `items_snapshot()`, `state_snapshot()`, `restore(items, state)` for checkpoints.

@@ -16,6 +16,7 @@ from typing import Any, Iterable, NamedTuple, Optional, Sequence
 import numpy as np
 
 from replay_tf import errors
+from replay_tf.core import insert_queue as insert_queue_lib
 from replay_tf.core import rate_limiters as rate_limiters_lib
 from replay_tf.core import selectors as selectors_lib
 from replay_tf.core._arguments import integer
@@ -147,6 +148,8 @@ class Table:
         self._created_s = time.monotonic()
         self._inserting_s = self._sampling_s = 0.0  # TableWorkerTime's sums, in seconds
         self._waiting_for_sampling_s = self._waiting_for_inserts_s = 0.0
+        #: The items the rate limiter holds back, inserted in order by a worker (`insert_queue.InsertQueue`).
+        self.insert_queue = insert_queue_lib.InsertQueue(self)
 
     # --- constructors (Reverb's) ---
 

@@ -1,5 +1,5 @@
 """Shared pieces of the gRPC transport: the service path, channel options, stream constants and the
-translation of gRPC failures into Reverb's Python errors (see `replay_tf.grpc.client_transport`)."""
+translation of gRPC failures into Reverb's Python errors (see `replay_tf.grpc.client.client_transport`)."""
 from __future__ import annotations
 
 import collections

@@ -73,8 +73,8 @@ def test_mutate_reset_and_unknown_tables(server):
 def any_client(request, server, monkeypatch):
     """A client of `server`, reaching it in-process or over gRPC."""
     if request.param == "remote":
-        from replay_tf.grpc import client_transport
-        from replay_tf import _transport as transport_lib
+        from replay_tf.grpc.client import client_transport
+        from replay_tf.transport import base as transport_lib
         monkeypatch.setattr(transport_lib, "make_transport", client_transport.Transport)
     return reverb.Client(f"localhost:{server.port}")
 
@@ -219,9 +219,9 @@ def test_server_rejects_bad_max_message_bytes(max_message_bytes, error):
 
 def test_server_refuses_requests_above_max_message_bytes_and_keeps_serving(monkeypatch):
     import grpc
-    from replay_tf.grpc import client_transport
-    from replay_tf import _transport as transport_lib
-    from replay_tf.grpc import service
+    from replay_tf.grpc.client import client_transport
+    from replay_tf.transport import base as transport_lib
+    from replay_tf.grpc.server import service
     server = reverb.Server([reverb.Table.queue("q", 10)], max_message_bytes=64 << 10)
     try:
         assert server.max_message_bytes == 64 << 10 and server.host == "localhost"

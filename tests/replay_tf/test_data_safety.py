@@ -493,13 +493,13 @@ def test_a_draining_server_refuses_priority_updates_deletes_and_resets(remote, m
     # After refuse_inserts (the first step of serve's exit) the exit checkpoint must hold every confirmed
     # change, so changes other than inserts are refused too; sampling goes on.
     if remote:
-        from replay_tf.grpc import client_transport
-        from replay_tf import _transport as transport_lib
+        from replay_tf.grpc.client import client_transport
+        from replay_tf.transport import base as transport_lib
         monkeypatch.setattr(transport_lib, "make_transport", client_transport.Transport)
     server = reverb.Server([_uniform_table()])
     try:
         client = reverb.Client(f"localhost:{server.port}")
-        assert type(client._transport).__module__.endswith("client_transport" if remote else "_inprocess_transport")
+        assert type(client._transport).__module__.endswith("client_transport" if remote else "transport.inprocess")
         client.insert([np.float32(1.0)], {"t": 1.0})
         [key] = [s[0].info.key for s in client.sample("t", 1)]
         server.refuse_inserts()

@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 import replay_tf as reverb
-from replay_tf import _transport as transport_lib
+from replay_tf.transport import base as transport_lib
 from replay_tf import errors
 from replay_tf.core import selectors
 
@@ -116,7 +116,7 @@ def channels(monkeypatch):
     """Records the gRPC channels the transport creates; each is a real channel to a loopback port, so
     nothing ever connects to the addresses under test."""
     import grpc
-    from replay_tf.grpc import client_transport
+    from replay_tf.grpc.client import client_transport
     created = []
     insecure_channel = grpc.insecure_channel
 
@@ -153,7 +153,7 @@ def test_a_token_is_not_sent_in_plaintext_beyond_loopback(channels, monkeypatch,
 
 def test_a_token_travels_over_tls_loopback_or_with_the_opt_in(channels, monkeypatch):
     import grpc
-    from replay_tf.grpc import client_transport
+    from replay_tf.grpc.client import client_transport
     credentials = grpc.ssl_channel_credentials()
     reverb.Client("10.0.0.1:1", auth_token=_TOKEN, channel_credentials=credentials).transport.close()
     reverb.Client("127.0.0.1:1", auth_token=_TOKEN).transport.close()
@@ -178,8 +178,8 @@ def token_server():
 
 @pytest.mark.parametrize("source", ["argument", "environment"])
 def test_token_whitespace_is_stripped_on_the_client(token_server, monkeypatch, source):
-    from replay_tf import _local_servers
-    monkeypatch.setattr(_local_servers, "find_local_server", lambda address: None)   # over gRPC, as remotely
+    from replay_tf.transport import local_servers
+    monkeypatch.setattr(local_servers, "find_local_server", lambda address: None)   # over gRPC, as remotely
     padded = f"  {_TOKEN}\n"                       # as read from a file or an environment variable
     if source == "environment":
         monkeypatch.setenv(transport_lib.AUTH_TOKEN_ENV, padded)
@@ -201,7 +201,7 @@ def test_a_token_served_without_tls_beyond_loopback_is_logged(caplog, host, tls,
     credentials = None
     if tls:  # any server credentials do: the warning is decided before binding
         credentials = grpc.local_server_credentials()
-    with caplog.at_level(logging.WARNING, logger="replay_tf.grpc.service"):
+    with caplog.at_level(logging.WARNING, logger="replay_tf.grpc.server.service"):
         server = reverb.Server([reverb.Table.queue("q", 10)], host=host, auth_token=_TOKEN,
                                server_credentials=credentials)
         server.stop()
@@ -217,7 +217,7 @@ def test_a_token_served_without_tls_beyond_loopback_is_logged(caplog, host, tls,
 def test_a_server_that_fails_to_bind_is_not_reachable_in_process():
     import concurrent.futures
     import grpc
-    from replay_tf import _local_servers
+    from replay_tf.transport import local_servers
     other = grpc.server(concurrent.futures.ThreadPoolExecutor(1), options=[("grpc.so_reuseport", 0)])
     port = other.add_insecure_port("localhost:0")
     other.start()
@@ -226,7 +226,7 @@ def test_a_server_that_fails_to_bind_is_not_reachable_in_process():
         with pytest.raises(ValueError, match=rf"could not bind the replay service to localhost:{port}") as info:
             reverb.Server([table], port=port)
         assert info.value is not None   # the traceback (and the failed Server in it) is still alive here
-        assert _local_servers.find_local_server(f"localhost:{port}") is None
+        assert local_servers.find_local_server(f"localhost:{port}") is None
         client = reverb.Client(f"localhost:{port}")
         assert type(client.transport).__name__ == "Transport"   # the gRPC transport, not in-process
         client.transport.close()
@@ -241,35 +241,35 @@ def test_a_server_that_fails_to_bind_is_not_reachable_in_process():
 
 def test_a_client_of_a_silent_address_logs_that_it_waits(caplog, monkeypatch):
     import socket
-    from replay_tf.grpc import client_transport
+    from replay_tf.grpc.client import client_transport
     monkeypatch.setattr(client_transport, "WAIT_LOG_AFTER_S", 0.3)
     with socket.socket() as sock:   # a loopback port where nothing listens
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    with caplog.at_level(logging.WARNING, logger="replay_tf.grpc.client_transport"):
+    with caplog.at_level(logging.WARNING, logger="replay_tf.grpc.client.client_transport"):
         client = reverb.Client(f"127.0.0.1:{port}")
         with pytest.raises(errors.DeadlineExceededError):
             client.server_info(timeout=1.5)
         client.transport.close()
-    logged = [r.getMessage() for r in caplog.records if r.name == "replay_tf.grpc.client_transport"]
+    logged = [r.getMessage() for r in caplog.records if r.name == "replay_tf.grpc.client.client_transport"]
     assert logged == [f"replay_tf: still waiting for the replay server at 127.0.0.1:{port} after 0.3 s: nothing "
                       f"accepts the connection yet (a server started with TLS needs channel_credentials); calls "
                       f"wait until it does. Check the address and that the server runs."]
 
 
 def test_a_reachable_server_logs_no_wait(caplog, monkeypatch):
-    from replay_tf.grpc import client_transport
-    from replay_tf import _local_servers
+    from replay_tf.grpc.client import client_transport
+    from replay_tf.transport import local_servers
     monkeypatch.setattr(client_transport, "WAIT_LOG_AFTER_S", 0.3)
     server = reverb.Server([reverb.Table.queue("q", 10)])
     try:
-        monkeypatch.setattr(_local_servers, "find_local_server", lambda address: None)
-        with caplog.at_level(logging.WARNING, logger="replay_tf.grpc.client_transport"):
+        monkeypatch.setattr(local_servers, "find_local_server", lambda address: None)
+        with caplog.at_level(logging.WARNING, logger="replay_tf.grpc.client.client_transport"):
             client = reverb.Client(f"localhost:{server.port}")
             assert sorted(client.server_info(timeout=10)) == ["q"]
             import time
             time.sleep(0.6)
             client.transport.close()
-        assert [r for r in caplog.records if r.name == "replay_tf.grpc.client_transport"] == []
+        assert [r for r in caplog.records if r.name == "replay_tf.grpc.client.client_transport"] == []
     finally:
         server.stop()

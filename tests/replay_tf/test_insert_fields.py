@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 import replay_tf as reverb
-from replay_tf import _inprocess_transport
+from replay_tf.transport import inprocess
 from replay_tf import checkpointing
 from replay_tf import errors
 from replay_tf.core import chunk_store
@@ -222,7 +222,7 @@ def _core_item(key, chunk, slices, times_sampled=0):
 def test_in_process_inserts_follow_the_same_rules(small_items, times_sampled, slices, error):
     server = reverb.Server(_tables())
     try:
-        stream = _inprocess_transport.InProcessTransport(server).open_insert_stream()
+        stream = inprocess.InProcessTransport(server).open_insert_stream()
         chunk = chunk_store.Chunk(3, [_ROW], chunk_store.SequenceRange(1, 0, 2))
         item = _core_item(5, chunk, slices, times_sampled)
         if error is None:

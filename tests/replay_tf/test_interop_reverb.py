@@ -17,7 +17,7 @@ import pytest
 import tensorflow as tf
 
 import replay_tf as reverb
-from replay_tf import _inprocess_transport
+from replay_tf.transport import inprocess
 from replay_tf import checkpointing
 
 pytestmark = pytest.mark.peer
@@ -306,7 +306,7 @@ def reverb_server(peer):
 @pytest.fixture(scope="module")
 def our_client(reverb_server):
     client = reverb.Client(f"localhost:{reverb_server.port}")
-    assert not isinstance(client.transport, _inprocess_transport.InProcessTransport)
+    assert not isinstance(client.transport, inprocess.InProcessTransport)
     return client
 
 

@@ -165,8 +165,8 @@ def test_in_flight_limit_and_a_closed_writer(client):
 
 
 def test_delta_encoded_chunks_travel_delta_encoded(monkeypatch):
-    from replay_tf.grpc import client_transport  # noqa: PLC0415
-    from replay_tf import _transport as transport_lib  # noqa: PLC0415
+    from replay_tf.grpc.client import client_transport  # noqa: PLC0415
+    from replay_tf.transport import base as transport_lib  # noqa: PLC0415
 
     monkeypatch.setattr(transport_lib, "make_transport", client_transport.Transport)  # over gRPC, not in-process
     server = reverb.Server([reverb.Table.queue("q", 10)])
@@ -200,8 +200,8 @@ def test_a_writer_collected_unclosed_still_sends_its_items(client, caplog):
 @pytest.mark.parametrize("remote", [False, True])
 def test_flush_waits_until_the_server_holds_the_items(remote, monkeypatch):
     # dm-reverb's legacy flush may return before its server has inserted the item (0 or 1 in one scenario).
-    from replay_tf.grpc import client_transport  # noqa: PLC0415
-    from replay_tf import _transport as transport_lib  # noqa: PLC0415
+    from replay_tf.grpc.client import client_transport  # noqa: PLC0415
+    from replay_tf.transport import base as transport_lib  # noqa: PLC0415
 
     if remote:
         monkeypatch.setattr(transport_lib, "make_transport", client_transport.Transport)

@@ -6,8 +6,8 @@ import tensorflow as tf
 import replay_tf as reverb
 from replay_tf import _packed_rows
 from replay_tf import _stacking
-from replay_tf import _transport as transport_lib
-from replay_tf.grpc import client_transport
+from replay_tf.transport import base as transport_lib
+from replay_tf.grpc.client import client_transport
 from replay_tf._signature_checks import numpy_dtype
 from replay_tf.replay_sample import SampleInfo
 

@@ -12,8 +12,8 @@ import tensorflow as tf
 
 import replay_tf as reverb
 from replay_tf.writing import column_chunker
-from replay_tf.grpc import client_transport
-from replay_tf import _transport as transport_lib
+from replay_tf.grpc.client import client_transport
+from replay_tf.transport import base as transport_lib
 
 
 @pytest.mark.parametrize("row_bytes, keep_alive, expected", [

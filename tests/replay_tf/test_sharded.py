@@ -12,8 +12,8 @@ from replay_tf import errors
 @pytest.fixture(params=["inprocess", "grpc"])
 def servers(request, monkeypatch):
     if request.param == "grpc":
-        from replay_tf.grpc import client_transport
-        from replay_tf import _transport as transport_lib
+        from replay_tf.grpc.client import client_transport
+        from replay_tf.transport import base as transport_lib
         monkeypatch.setattr(transport_lib, "make_transport", client_transport.Transport)
     started = [reverb.Server([reverb.Table.queue("q", 100)]) for _ in range(2)]
     yield started

@@ -79,8 +79,8 @@ def test_over_grpc_and_items_that_are_not_timesteps(monkeypatch):
     import tensorflow as tf  # noqa: PLC0415
 
     import replay_tf as reverb  # noqa: PLC0415
-    from replay_tf.grpc import client_transport  # noqa: PLC0415
-    from replay_tf import _transport as transport_lib  # noqa: PLC0415
+    from replay_tf.grpc.client import client_transport  # noqa: PLC0415
+    from replay_tf.transport import base as transport_lib  # noqa: PLC0415
 
     monkeypatch.setattr(transport_lib, "make_transport", client_transport.Transport)  # over gRPC, not in-process
     server = reverb.Server([reverb.Table.queue("q", 10)])

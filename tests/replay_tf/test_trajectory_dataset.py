@@ -221,9 +221,9 @@ def test_large_batches_held_by_the_caller_keep_their_values():
 
 def _record_chunk_cache(monkeypatch) -> list:
     """Makes clients sample over gRPC and records (entries, bytes) of the chunk cache after every chunk."""
-    from replay_tf.grpc import sample_stream
-    from replay_tf.grpc import client_transport
-    from replay_tf import _transport as transport_lib
+    from replay_tf.grpc.client import sample_stream
+    from replay_tf.grpc.client import client_transport
+    from replay_tf.transport import base as transport_lib
     sizes = []
     original = sample_stream.SampleStream._chunk
 
@@ -291,8 +291,8 @@ def _wait_until(condition, timeout_s=10.0):
 @pytest.fixture(params=["in_process", "grpc"])
 def queue_server(request, monkeypatch):
     """A server with a 10-item queue of int32 [1] items, reached in-process or over gRPC."""
-    from replay_tf.grpc import client_transport
-    from replay_tf import _transport as transport_lib
+    from replay_tf.grpc.client import client_transport
+    from replay_tf.transport import base as transport_lib
     server = reverb.Server([reverb.Table.queue("q", 10, signature=tf.TensorSpec([1], tf.int32))])
     if request.param == "grpc":
         monkeypatch.setattr(transport_lib, "make_transport", client_transport.Transport)
@@ -340,8 +340,8 @@ def test_closing_a_blocked_batch_generator_releases_its_stream(queue_server):
 @pytest.fixture(params=["in_process", "grpc"])
 def transport_kind(request, monkeypatch):
     """Runs a test with the in-process transport and again over gRPC; counts the sample streams opened."""
-    from replay_tf.grpc import client_transport
-    from replay_tf import _transport as transport_lib
+    from replay_tf.grpc.client import client_transport
+    from replay_tf.transport import base as transport_lib
     opened = []
     make = client_transport.Transport if request.param == "grpc" else transport_lib.make_transport
 
@@ -458,7 +458,7 @@ def _sample_response(entries):
 
 
 def _read_samples(*responses):
-    from replay_tf.grpc import sample_stream
+    from replay_tf.grpc.client import sample_stream
     stream = sample_stream.SampleStream.__new__(sample_stream.SampleStream)
     partial, cache, out = [None], sample_stream._ChunkCache(), []
     for response in responses:

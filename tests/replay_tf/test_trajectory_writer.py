@@ -311,8 +311,8 @@ def test_scalar_string_columns_sample_back_as_bytes(monkeypatch, transport):
     # A column of scalar str/bytes steps is a rank-1 string tensor in a sample: its elements are the strings
     # (as bytes, TF's strings), not 0-d arrays holding them.
     if transport == "grpc":
-        from replay_tf.grpc import client_transport
-        from replay_tf import _transport as transport_lib
+        from replay_tf.grpc.client import client_transport
+        from replay_tf.transport import base as transport_lib
         monkeypatch.setattr(transport_lib, "make_transport", client_transport.Transport)
     server = reverb.Server([reverb.Table.queue("t", 10)])
     try:

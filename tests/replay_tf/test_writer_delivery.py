@@ -127,8 +127,8 @@ def test_server_stop_fails_the_waiting_items_and_flush_does_not_hang():
 @pytest.fixture
 def remote(monkeypatch):
     """Clients of this test reach local servers through the gRPC transport."""
-    from replay_tf.grpc import client_transport
-    from replay_tf import _transport as transport_lib
+    from replay_tf.grpc.client import client_transport
+    from replay_tf.transport import base as transport_lib
     monkeypatch.setattr(transport_lib, "make_transport", client_transport.Transport)
 
 
@@ -305,7 +305,7 @@ def test_remote_writer_survives_a_server_process_killed_and_restarted():
 
 def test_remote_requests_stay_near_max_request_bytes(remote, monkeypatch):
     from replay_tf.grpc import common
-    from replay_tf.grpc import statuses
+    from replay_tf.grpc.server import statuses
     sizes = []
     parse = statuses.parse
 
@@ -354,7 +354,7 @@ def test_remote_requests_arrive_in_order_when_writer_and_sending_thread_both_end
 def test_remote_send_yields_to_a_sending_thread_that_falls_behind_but_never_blocks(remote, monkeypatch):
     import types
     from replay_tf.grpc import common
-    from replay_tf.grpc import insert_stream
+    from replay_tf.grpc.client import insert_stream
     yields = []
     # A clock that stands still: requests end only when full (MAX_REQUEST_ITEMS items), never by lingering.
     monkeypatch.setattr(insert_stream, "time", types.SimpleNamespace(
@@ -429,7 +429,7 @@ def test_trajectory_writer_sends_each_item_with_the_chunks_its_history_can_still
 
 def _recording_requests(monkeypatch):
     """The InsertStreamRequests our server parses, recorded."""
-    from replay_tf.grpc import statuses
+    from replay_tf.grpc.server import statuses
     requests = []
     parse = statuses.parse
 
@@ -534,7 +534,7 @@ def test_encoded_items_are_kept_as_untracked_bytes_and_resent_in_order(monkeypat
     import weakref
 
     from replay_tf.grpc import common
-    from replay_tf.grpc import insert_stream
+    from replay_tf.grpc.client import insert_stream
     from replay_tf.wire import chunk_codec
     from replay_tf.wire import reverb_service_pb2
 
@@ -576,7 +576,7 @@ def test_encoded_items_are_kept_as_untracked_bytes_and_resent_in_order(monkeypat
 def test_stream_without_live_chunks_prunes_the_sent_ones_to_the_unconfirmed_items():
     # Without the writer's live keys, the server keeps every chunk sent; once there are many, only those of
     # unconfirmed items (here 12 and 13, of item 3: items 1 and 2, which used 11, were confirmed).
-    from replay_tf.grpc import insert_stream
+    from replay_tf.grpc.client import insert_stream
     from replay_tf.wire import reverb_service_pb2
 
     _, items = _chunk_and_items()

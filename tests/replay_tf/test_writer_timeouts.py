@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import replay_tf as reverb
-from replay_tf import _transport
+from replay_tf.transport import base as transport_lib
 
 pytestmark = pytest.mark.timeout(120)  # a call that ignores its timeout waits for ever
 
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.timeout(120)  # a call that ignores its timeout waits f
 @pytest.fixture(name="dead_address")
 def dead_address_fixture():
     # Imported before any timing: the first use of these names imports TensorFlow and gRPC.
-    from replay_tf.grpc import client_transport  # noqa: F401
+    from replay_tf.grpc.client import client_transport  # noqa: F401
     assert reverb.Client and reverb.ShardedClient and reverb.TrajectoryDataset
     with socket.socket() as sock:
         sock.bind(("localhost", 0))
@@ -100,17 +100,17 @@ def test_invalid_timeouts_are_refused(dead_address, timeout_ms, error, match):
         reverb.Client(dead_address).trajectory_writer(1, get_signature_timeout_ms=timeout_ms)
     with pytest.raises(error, match=match.replace("get_signature_timeout_ms", "timeout_ms")):
         reverb.set_connection_options(dead_address, timeout_ms=timeout_ms)
-    assert _transport.connection_timeout_ms(dead_address) is None
+    assert transport_lib.connection_timeout_ms(dead_address) is None
 
 
 def test_a_timeout_alone_leaves_credentials_to_the_environment(dead_address, monkeypatch):
-    monkeypatch.setenv(_transport.AUTH_TOKEN_ENV, "from-env")
+    monkeypatch.setenv(transport_lib.AUTH_TOKEN_ENV, "from-env")
     reverb.set_connection_options(dead_address, timeout_ms=1000)
-    assert _transport._resolve_connection_options(dead_address, None, None) == (None, "from-env")
+    assert transport_lib._resolve_connection_options(dead_address, None, None) == (None, "from-env")
     reverb.set_connection_options(dead_address, auth_token="set", timeout_ms=1000)
-    assert _transport._resolve_connection_options(dead_address, None, None) == (None, "set")
+    assert transport_lib._resolve_connection_options(dead_address, None, None) == (None, "set")
     reverb.set_connection_options(dead_address)
-    assert _transport.connection_timeout_ms(dead_address) is None
+    assert transport_lib.connection_timeout_ms(dead_address) is None
 
 
 def test_a_running_server_answers_within_the_timeout():

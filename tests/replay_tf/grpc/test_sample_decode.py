@@ -9,8 +9,8 @@ import pytest
 import tensorflow as tf
 
 import replay_tf as reverb
-from replay_tf.grpc import client_transport
-from replay_tf import _transport as transport_lib
+from replay_tf.grpc.client import client_transport
+from replay_tf.transport import base as transport_lib
 from replay_tf.wire import tensor_codec
 
 _FRAME = (64, 64)  # 4 KiB per step: remote writers send one step per chunk (test_remote_chunking.py)

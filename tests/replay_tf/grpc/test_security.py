@@ -13,8 +13,8 @@ import pytest
 import tensorflow as tf
 
 import replay_tf as reverb
-from replay_tf import _local_servers
-from replay_tf import _transport as transport_lib
+from replay_tf.transport import local_servers
+from replay_tf.transport import base as transport_lib
 from replay_tf import errors
 from replay_tf.wire import reverb_service_pb2
 
@@ -59,7 +59,7 @@ def token_server():
 @pytest.fixture
 def remote(monkeypatch):
     """Clients of this process connect over gRPC, as from another machine."""
-    monkeypatch.setattr(_local_servers, "find_local_server", lambda address: None)
+    monkeypatch.setattr(local_servers, "find_local_server", lambda address: None)
 
 
 def _channel_credentials(certificate):
@@ -170,7 +170,7 @@ def test_local_clients_of_a_protected_server_are_in_process(token_server):
     ("::1", {}, False),
 ])
 def test_a_network_bind_without_protection_is_logged(caplog, host, kwargs, warned):
-    with caplog.at_level(logging.WARNING, logger="replay_tf.grpc.service"):
+    with caplog.at_level(logging.WARNING, logger="replay_tf.grpc.server.service"):
         server = reverb.Server(_tables(), host=host, **kwargs)
         server.stop()
     assert any("without TLS or auth token" in r.getMessage() for r in caplog.records) == warned

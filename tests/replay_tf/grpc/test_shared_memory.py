@@ -15,11 +15,11 @@ import tensorflow as tf
 
 import replay_tf as reverb
 from replay_tf import _stacking
-from replay_tf import _transport as transport_lib
+from replay_tf.transport import base as transport_lib
 from replay_tf import errors
 from replay_tf.core import chunk_store
 from replay_tf.core import table as table_lib
-from replay_tf.grpc import client_transport
+from replay_tf.grpc.client import client_transport
 from replay_tf.grpc import shared_memory
 from replay_tf.wire import raw_fields
 from replay_tf.wire import chunk_codec
@@ -216,7 +216,7 @@ def test_client_refuses_slots_it_cannot_trust(slot, size, error):
 
 
 def test_a_slot_message_on_a_stream_that_offered_none_is_an_error():
-    from replay_tf.grpc import sample_stream  # noqa: PLC0415
+    from replay_tf.grpc.client import sample_stream  # noqa: PLC0415
     stream = sample_stream.SampleStream.__new__(sample_stream.SampleStream)
     stream._stacked = True
     response = reverb_service_pb2.SampleStreamResponse(

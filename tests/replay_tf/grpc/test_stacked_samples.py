@@ -9,13 +9,13 @@ import tensorflow as tf
 from google.protobuf import message as protobuf_message
 
 import replay_tf as reverb
-from replay_tf import _addresses
+from replay_tf.transport import addresses
 from replay_tf import _stacking
-from replay_tf import _transport as transport_lib
+from replay_tf.transport import base as transport_lib
 from replay_tf.core import chunk_store
 from replay_tf.core import table as table_lib
-from replay_tf.grpc import client_transport
-from replay_tf.grpc import sample_stream
+from replay_tf.grpc.client import client_transport
+from replay_tf.grpc.client import sample_stream
 from replay_tf.wire import chunk_codec
 from replay_tf.wire import tensor_codec
 from replay_tf.wire import reverb_service_pb2
@@ -108,7 +108,7 @@ def test_loopback_servers_are_asked_by_default_and_unbatched_samples_match(remot
     ("ipv4:127.0.0.1:4", True), ("unix:/tmp/socket", True), ("example.com:80", False), ("10.0.0.1:5", False),
     ("[2001:db8::1]:5", False), ("127.0.0.2:9", True), ("127.example.com:80", False)])
 def test_only_loopback_addresses_get_stacked_samples_by_default(address, expected):
-    assert _addresses.is_loopback_target(address) is expected
+    assert addresses.is_loopback_target(address) is expected
 
 
 def test_items_that_do_not_stack_fall_back_to_entries_and_name_the_column(monkeypatch):
@@ -402,15 +402,15 @@ def _raw_varint(value: int) -> bytes:
 
 
 def test_samples_with_string_columns_go_as_entries_a_response_of_several(monkeypatch):
-    from replay_tf.grpc import sampling
+    from replay_tf.grpc.server import sample_stream as server_streams
     monkeypatch.setattr(transport_lib, "make_transport", client_transport.Transport)
     sent_as_entries = []  # samples per call of the entries path
-    original = sampling.SampleStreams._responses
+    original = server_streams.SampleStreams._responses
 
     def recorded(self, entry, batch):
         sent_as_entries.append(len(batch))
         return original(self, entry, batch)
-    monkeypatch.setattr(sampling.SampleStreams, "_responses", recorded)
+    monkeypatch.setattr(server_streams.SampleStreams, "_responses", recorded)
     signature = {"n": tf.TensorSpec([1], tf.int64), "tag": tf.TensorSpec([1], tf.string)}
     server = reverb.Server([reverb.Table.queue("q", 100, signature=signature)])
     client = reverb.Client(f"localhost:{server.port}")

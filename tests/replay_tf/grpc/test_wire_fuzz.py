@@ -25,7 +25,7 @@ import pytest
 import tensorflow as tf
 
 import replay_tf as reverb
-from replay_tf import _transport as transport_lib
+from replay_tf.transport import base as transport_lib
 from replay_tf.core import chunk_store
 from replay_tf.wire import raw_fields
 from replay_tf.wire import chunk_codec
@@ -414,7 +414,7 @@ def test_fuzz_every_rpc_then_the_server_is_intact(server, monkeypatch):
     assert len(server.chunk_store) == 0
 
     # A normal remote client inserts and samples correctly.
-    from replay_tf.grpc import client_transport  # noqa: PLC0415
+    from replay_tf.grpc.client import client_transport  # noqa: PLC0415
     monkeypatch.setattr(transport_lib, "make_transport", client_transport.Transport)
     client = reverb.Client(address)
     assert sorted(client.server_info()) == sorted(_TABLES)

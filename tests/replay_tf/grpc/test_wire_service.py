@@ -15,7 +15,7 @@ import replay_tf as reverb
 from replay_tf import errors
 from replay_tf.core import chunk_store
 from replay_tf.grpc import common
-from replay_tf.grpc import service
+from replay_tf.grpc.server import service
 from replay_tf.wire import raw_fields
 from replay_tf.wire import chunk_codec
 from replay_tf.wire import reverb_service_pb2
@@ -266,7 +266,7 @@ def test_insert_back_pressure_and_confirmations_while_blocked(server):
 
 
 def test_remote_writer_reports_items_it_cannot_encode(server):
-    from replay_tf.grpc import client_transport  # noqa: PLC0415
+    from replay_tf.grpc.client import client_transport  # noqa: PLC0415
     transport = client_transport.Transport(f"localhost:{server.port}")
     stream = transport.open_insert_stream()
     chunk = chunk_store.Chunk(200, [np.array([1, 2], dtype=object)], chunk_store.SequenceRange(1, 0, 1))

@@ -19,7 +19,7 @@ import tensorflow as tf
 
 import replay_tf as reverb
 from replay_tf import errors
-from replay_tf.grpc import sample_stream
+from replay_tf.grpc.client import sample_stream
 from replay_tf.wire import raw_fields
 from replay_tf.wire import chunk_codec
 from replay_tf.wire import tensor_codec

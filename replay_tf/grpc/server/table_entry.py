@@ -1,15 +1,14 @@
 """`TableEntry`: a table of the service and what the service caches about it.
 
-Each entry holds its table, the table's name as the serialized field of sample responses, and the table's
-pending-insert queue (`insert_queue.InsertQueue`), and gives the table's `TableInfo` for ServerInfo. The
-servicer keeps one entry per table; `inserting` and `sampling` look them up by table name.
+Each entry holds its table and the table's name as the serialized field of sample responses, and gives
+the table's `TableInfo` for ServerInfo. The
+servicer keeps one entry per table; `insert_stream` and `sample_stream` look them up by table name.
 """
 from __future__ import annotations
 
 import dataclasses
 
 from replay_tf.core import table as table_lib
-from replay_tf.grpc import insert_queue
 from replay_tf.wire import raw_fields
 from replay_tf.wire import protos
 from replay_tf.wire import schema_pb2
@@ -26,7 +25,6 @@ class TableEntry:
         self.name = table.name
         self.table_field = raw_fields.table_field(table.name)
         self._signature_proto = None
-        self.inserts = insert_queue.InsertQueue(table)
 
     def info_proto(self) -> schema_pb2.TableInfo:
         """The table's `TableInfo` as ServerInfo sends it; the signature is encoded once."""

@@ -22,8 +22,8 @@ from replay_tf.core import table as table_lib
 from replay_tf.grpc import common
 from replay_tf.grpc import malloc
 from replay_tf.grpc import shared_memory
-from replay_tf.grpc import statuses
-from replay_tf.grpc import table_entry
+from replay_tf.grpc.server import statuses
+from replay_tf.grpc.server import table_entry
 from replay_tf.wire import raw_fields
 from replay_tf.wire import chunk_codec
 from replay_tf.wire import protos

@@ -38,11 +38,11 @@ from typing import Any, Dict, Optional
 
 import grpc
 
-from replay_tf import _addresses
+from replay_tf.transport import addresses
 from replay_tf import errors
 from replay_tf.grpc import common
-from replay_tf.grpc import insert_stream
-from replay_tf.grpc import sample_stream
+from replay_tf.grpc.client import insert_stream
+from replay_tf.grpc.client import sample_stream
 from replay_tf.wire import table_info
 from replay_tf.wire import reverb_service_pb2
 
@@ -70,7 +70,7 @@ def checked_token(server_address: str, auth_token: Optional[str], tls: bool,
     if not isinstance(auth_token, str) or not auth_token.strip():
         raise ValueError(f"auth_token for {server_address} must be a non-empty str (from the auth_token argument, "
                          f"set_connection_options or REPLAY_TF_AUTH_TOKEN), got {auth_token!r:.20}")
-    if not tls and not _addresses.is_loopback_target(server_address) and not _plaintext_token_allowed(
+    if not tls and not addresses.is_loopback_target(server_address) and not _plaintext_token_allowed(
             allow_plaintext_token):
         raise ValueError(f"refusing to send the auth token to {server_address} in plaintext: the address is not "
                          f"loopback and the connection has no TLS, so anyone on the network path could read the "
@@ -162,7 +162,7 @@ class Transport:
     def __init__(self, server_address: str, *, channel_credentials: Optional[grpc.ChannelCredentials] = None,
                  auth_token: Optional[str] = None, allow_plaintext_token: Optional[bool] = None):
         self._address = server_address
-        self._loopback = _addresses.is_loopback_target(server_address)  # (stacked samples may use shared memory)
+        self._loopback = addresses.is_loopback_target(server_address)  # (stacked samples may use shared memory)
         auth_token = checked_token(server_address, auth_token, channel_credentials is not None,
                                    allow_plaintext_token)
         if channel_credentials is None:

@@ -1,4 +1,4 @@
-"""Sample streams of the remote transport (see `replay_tf.grpc.client_transport` for the design)."""
+"""Sample streams of the remote transport (see `replay_tf.grpc.client.client_transport` for the design)."""
 from __future__ import annotations
 
 import collections

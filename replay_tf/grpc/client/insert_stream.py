@@ -1,4 +1,4 @@
-"""Insert streams of the remote transport (see `replay_tf.grpc.client_transport` for the design)."""
+"""Insert streams of the remote transport (see `replay_tf.grpc.client.client_transport` for the design)."""
 from __future__ import annotations
 
 import datetime

@@ -3,9 +3,9 @@
 `start(server)` is the hook `replay_tf.Server` calls: it serves the server's tables on `server.host`
 (localhost unless the user chose otherwise) and `server.port`, and returns a handle with `stop()`.
 The protocol follows ../shared/reference/reverb.md §2, as a dm-reverb 0.14 client expects it: the
-handlers are `servicer.ReverbServicer` (unary calls), `inserting` (InsertStream, its table queues in
-`insert_queue`) and `sampling` (SampleStream), each table reached through a `table_entry.TableEntry`;
-`auth` checks tokens and `stream_slots` sizes the thread pool.
+handlers are `servicer.ReverbServicer` (unary calls), `insert_stream` (InsertStream, its items queued in
+the tables' `core.insert_queue`) and `sample_stream` (SampleStream), each table reached through a
+`table_entry.TableEntry`; `auth` checks tokens and `stream_slots` sizes the thread pool.
 """
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ from typing import Optional
 
 import grpc
 
-from replay_tf import _addresses
-from replay_tf.grpc import auth
+from replay_tf.transport import addresses
+from replay_tf.grpc.server import auth
 from replay_tf.grpc import common
-from replay_tf.grpc import servicer as servicer_lib
-from replay_tf.grpc import stream_slots
+from replay_tf.grpc.server import servicer as servicer_lib
+from replay_tf.grpc.server import stream_slots
 
 __all__ = [
     "DEFAULT_MAX_MESSAGE_BYTES",
@@ -121,10 +121,10 @@ def start(server, *, host: Optional[str] = None, port: Optional[int] = None,
         server_credentials = getattr(server, "server_credentials", None)
     if auth_token is None:
         auth_token = getattr(server, "auth_token", None)
-    if not _addresses.is_loopback_host(host) and server_credentials is None and auth_token is None:
+    if not addresses.is_loopback_host(host) and server_credentials is None and auth_token is None:
         _log.warning("the replay server binds %s:%s without TLS or auth token: anyone who can reach it may read, "
                      "insert and delete data (pass server_credentials= and auth_token= to Server)", host, port)
-    elif not _addresses.is_loopback_host(host) and server_credentials is None:
+    elif not addresses.is_loopback_host(host) and server_credentials is None:
         # Clients refuse to send a token in plaintext to a non-loopback address unless their users opt in.
         _log.warning("the replay server binds %s:%s with an auth token but without TLS: clients send the token in "
                      "plaintext, readable by anyone on the network path (pass server_credentials= to Server for "

@@ -1,127 +1,137 @@
 """The in-process transport of `replay_tf.Client`: calls the tables of a `Server` in this process directly
-(no serialization, no copies on insert). Implements `replay_tf._transport.Transport`; `for_address` finds the
-server (`_local_servers`).
+(no serialization, no copies on insert). Implements `replay_tf.transport.base.Transport`; `for_address` finds the
+server (`local_servers`).
 
 A `server` argument below is a `replay_tf.Server`, not imported here: the server module imports the client,
 which reaches this module.
 """
 from __future__ import annotations
 
-import collections
 import datetime
 import threading
 import time
 from typing import Any, Dict, Optional
 
 from replay_tf import errors
-from replay_tf import _local_servers
+from replay_tf.transport import local_servers
+from replay_tf.core import insert_queue
 from replay_tf.core import item_records
 from replay_tf.core.chunk_store import Item
 from replay_tf.wire import limits
 
 
 class InsertStream:
-    """Inserts straight into the tables; items the rate limiter refuses are inserted in the background.
+    """Inserts straight into the tables; items the rate limiter refuses wait in the table's queue.
 
     As Reverb's writers send items asynchronously, an item the rate limiter refuses does not wait for the
-    next writer call: it joins a queue that a worker thread of this stream (started when first needed, gone
-    after a second without work) inserts in order, each as soon as its table admits it. Items of one stream
-    are inserted in `send` order: while items wait, later ones queue behind them. An unblocked insert
-    (empty queue, table admitting) happens in the calling thread with no hand-off. `flush` waits for the
-    queue; `close` drops the items still queued (an item being admitted at that moment may still land).
+    next writer call: it joins its table's pending-insert queue (`core.insert_queue`, shared with the gRPC
+    server's streams), whose worker thread inserts it as soon as the table admits it. Items of one stream
+    into one table are inserted in `send` order: while items wait, later ones queue behind them. An unblocked
+    insert (nothing waiting, table admitting) happens in the calling thread with no hand-off. `send` never
+    blocks on the queue's limit; `flush` waits for the stream's queued items; `close` drops those still
+    queued (an item being admitted at that moment may still land). An insert that fails in the background
+    is raised by the next `send` or `flush`, and the stream's other queued items are dropped.
     """
 
     supports_open_chunks = True
-    _IDLE_S = 1.0     # a worker without work for this long exits (a later refusal starts a new one)
-    _SLICE_MS = 250   # the worker re-checks `close` at least this often while its table refuses
+    waits_for_room = False  # (`core.insert_queue.InsertOwner`: writers wait in flush, not in send)
 
     def __init__(self, server):
         self._server = server
-        self._pending: collections.deque = collections.deque()  # (table, item), oldest first
         self._cv = threading.Condition(threading.Lock())
-        self._worker: Optional[threading.Thread] = None
+        # Items of this stream queued in table queues, and those of them finished: counted apart, so that
+        # queueing (in the sending thread, the only one that queues) takes no lock of its own.
+        self._num_queued = 0
+        self._num_finished = 0
+        self._queues: set = set()  # the queues this stream's items went to
         self._error: Optional[Exception] = None
         self._closed = False
+        self._flushing = 0  # threads waiting in flush (a finished item notifies only then)
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:
-            error, self._error = self._error, None
-            raise error
+            with self._cv:
+                error, self._error = self._error, None
+            if error is not None:
+                raise error
 
     def send(self, table: str, item: Item, live: Optional[tuple] = None) -> None:
-        # (`live` only matters to remote streams: see `_transport.InsertStream.send`.) As in Reverb, the table
+        # (`live` only matters to remote streams: see `base.InsertStream.send`.) As in Reverb, the table
         # does not check items against its signature: writers do (validate_items). The rest of the rules of
         # every path into a table apply here too, so that a checkpoint's restore accepts what was inserted.
         target = self._server.table(table)
         item_records.check_item(target, item, max_item_bytes=limits.MAX_ITEM_BYTES,
                                 string_element_bytes=limits.STRING_ELEMENT_BYTES)
-        if not self._pending:  # only this thread adds items, so the worker is idle: insert here
+        if self._error is not None:
             self._raise_if_failed()
-            try:
-                target.insert_or_assign(item, timeout_ms=0)
-                return
-            except errors.DeadlineExceededError:
-                pass
+        queue = target.insert_queue
+        if queue not in self._queues:  # (before the item can wait there: close and failures drop from it)
+            with self._cv:
+                self._queues.add(queue)
+        queue.put(item, self)
+
+    # --- core.insert_queue.InsertOwner ---
+
+    def active(self) -> bool:
+        return not self._closed
+
+    def gone(self) -> BaseException:
+        return errors.CancelledError("the insert stream was closed")
+
+    def will_wait(self) -> None:
+        pass  # every insert is reported when it happens
+
+    def queued(self) -> None:
+        self._num_queued += 1
+
+    def finished(self, item: Item, error: Optional[BaseException]) -> None:
+        dropped = 0
+        if error is not None and not self._closed and self._error is None:
+            # The stream's other queued items are dropped, before the error is seen: items sent once the
+            # next send or flush raised it are kept.
+            with self._cv:
+                queues = list(self._queues)
+            dropped = sum(queue.drop(self) for queue in queues)
         with self._cv:
-            self._raise_if_failed()
-            self._pending.append((target, item))
-            if self._worker is None:
-                self._worker = threading.Thread(target=self._work, name="replay_tf-inprocess-insert", daemon=True)
-                self._worker.start()
-            else:
+            self._num_finished += 1 + dropped
+            if error is not None and not self._closed and self._error is None:
+                self._error = error  # raised by the next send/flush, as the remote stream does
+            if self._flushing:
                 self._cv.notify_all()
 
-    def _work(self) -> None:
-        """The worker: inserts queued items in order, blocking (in slices) while the table refuses."""
-        cv = self._cv
-        while True:
-            with cv:
-                if not self._pending and not self._closed:
-                    cv.wait(self._IDLE_S)
-                if not self._pending or self._closed:
-                    self._worker = None
-                    cv.notify_all()
-                    return
-                table, item = self._pending[0]
-            try:
-                table.insert_or_assign(item, timeout_ms=self._SLICE_MS)
-            except errors.DeadlineExceededError:
-                continue  # still refused: check `close`, then wait again
-            except Exception as e:  # noqa: BLE001  (raised by the next send/flush, as the remote stream does)
-                with cv:
-                    self._error = e
-                    self._pending.clear()
-                    self._worker = None
-                    cv.notify_all()
-                return
-            with cv:
-                if self._pending and self._pending[0][1] is item:
-                    self._pending.popleft()
-                cv.notify_all()
+    def start_worker(self, target, table_name: str) -> None:
+        threading.Thread(target=target, name=f"replay_tf-inserts-{table_name}", daemon=True).start()
+
+    # --- the rest of base.InsertStream ---
 
     def flush(self, block_until_num_items: int = 0, timeout_ms: Optional[int] = None) -> None:
         deadline = None if timeout_ms is None or timeout_ms < 0 else time.monotonic() + timeout_ms / 1000.0
         with self._cv:
-            while len(self._pending) > block_until_num_items and self._error is None:
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    raise errors.DeadlineExceededError(
-                        f"Flush call did not complete within provided timeout of "
-                        f"{datetime.timedelta(milliseconds=timeout_ms)}")
-                self._cv.wait(remaining)
-            self._raise_if_failed()
+            self._flushing += 1
+            try:
+                while self._num_queued - self._num_finished > block_until_num_items and self._error is None:
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        raise errors.DeadlineExceededError(
+                            f"Flush call did not complete within provided timeout of "
+                            f"{datetime.timedelta(milliseconds=timeout_ms)}")
+                    self._cv.wait(remaining)
+            finally:
+                self._flushing -= 1
+        self._raise_if_failed()
 
     def num_pending(self) -> int:
-        return len(self._pending)
+        return self._num_queued - self._num_finished
 
     def close(self) -> None:
         with self._cv:
             self._closed = True
-            self._pending.clear()
+            queues = list(self._queues)
+        # (An item being inserted may still land: wait for that attempt, at most a few of its slices.)
+        dropped = sum(queue.drop(self, insert_queue.WAIT_SLICE_MS / 1000.0 * 4) for queue in queues)
+        with self._cv:
+            self._num_finished += dropped
             self._cv.notify_all()
-            worker = self._worker
-        if worker is not None and worker is not threading.current_thread():
-            worker.join(self._SLICE_MS / 1000.0 * 4)
 
 
 class SampleStream:
@@ -203,7 +213,7 @@ class InProcessTransport:
 
 def for_address(server_address: str) -> Optional[InProcessTransport]:
     """The in-process transport to the running `Server` of this process that owns `server_address`, if any."""
-    server = _local_servers.find_local_server(server_address)
+    server = local_servers.find_local_server(server_address)
     if server is None or server.stopped:
         return None
     return InProcessTransport(server)

@@ -1,7 +1,7 @@
 """`ReverbServicer`: the handlers of `deepmind.reverb.ReverbService` over a `replay_tf.Server`'s tables.
 
 The unary calls (Checkpoint, MutatePriorities, Reset, ServerInfo) and InitializeConnection are answered
-here; InsertStream and SampleStream are served by `inserting` and `sampling`. Each table is reached
+here; InsertStream and SampleStream are served by `insert_stream` and `sample_stream`. Each table is reached
 through its `table_entry.TableEntry`, kept here. `InitializeConnection` always answers `address=0`:
 Reverb clients then sample over gRPC (a table pointer can never be shared with another process, and
 Python objects have no C++ address anyway).
@@ -19,10 +19,10 @@ import grpc
 
 from replay_tf import errors
 from replay_tf.core import chunk_store as chunk_store_lib
-from replay_tf.grpc import inserting
-from replay_tf.grpc import sampling
-from replay_tf.grpc import statuses
-from replay_tf.grpc import table_entry
+from replay_tf.grpc.server import insert_stream
+from replay_tf.grpc.server import sample_stream
+from replay_tf.grpc.server import statuses
+from replay_tf.grpc.server import table_entry
 from replay_tf.wire import limits
 from replay_tf.wire import reverb_service_pb2
 from replay_tf.wire import schema_pb2
@@ -43,8 +43,8 @@ class ReverbServicer:
         self._tables_state_id = schema_pb2.Uint128(high=state_id >> 64, low=state_id & ((1 << 64) - 1))
         # Refuses chunk tensors whose steps fit no column of the tables' signatures (None: a table has none).
         step_check = limits.StepCheck.for_signatures(table.info.signature for table in server.tables.values())
-        self._inserts = inserting.InsertStreams(self._entry, self._chunk_store, step_check)
-        self._samples = sampling.SampleStreams(self._entry)
+        self._inserts = insert_stream.InsertStreams(self._entry, self._chunk_store, step_check)
+        self._samples = sample_stream.SampleStreams(self._entry)
 
     def close(self) -> None:
         """Ends the threads the handlers keep between calls (when the calls they serve have ended)."""
@@ -54,7 +54,7 @@ class ReverbServicer:
 
     def pending_inserts(self, table: str) -> tuple:
         """`(items waiting in the table's pending-insert queue, the queue's limit)`."""
-        queue = self._entry(table).inserts
+        queue = self._entry(table).table.insert_queue
         return len(queue), queue.limit
 
     def _entry(self, name: str) -> table_entry.TableEntry:

@@ -2,10 +2,11 @@
 
 Requests carry chunks and items; chunks live in a per-stream map until an item refers to them, and only
 the chunks listed in `keep_chunk_keys` survive a request with items. Items are inserted in order per
-table; items the rate limiter holds back wait in the table's pending-insert queue (`insert_queue`), and
-when it holds Reverb's `max(1, min(0.1 * max_size, 1000))` items the stream is not read meanwhile
-(back-pressure); the keys of inserted items are sent back as confirmations, those completed meanwhile
-coalesced into one response.
+table; items the rate limiter holds back wait in the table's pending-insert queue (`core.insert_queue`,
+shared with in-process writers), and when it holds Reverb's `max(1, min(0.1 * max_size, 1000))` items
+the stream is not read meanwhile (back-pressure); the keys of inserted items are sent back as
+confirmations, those completed meanwhile coalesced into one response. `InsertStreamState` is what one
+stream's reader, the table queues holding its items and its sender share.
 
 Each chunk's content is decoded once on arrival and dropped (a truncated or corrupt Snappy body is refused
 with INVALID_ARGUMENT before any item can use it); items are checked against the chunks' headers and the
@@ -21,6 +22,8 @@ re-encoding.
 from __future__ import annotations
 
 import sys
+import threading
+import traceback
 from typing import Callable, Iterator, Optional
 
 import grpc
@@ -28,10 +31,9 @@ import grpc
 from replay_tf.core import chunk_store as chunk_store_lib
 from replay_tf.core import item_records
 from replay_tf.grpc import common
-from replay_tf.grpc import insert_queue
-from replay_tf.grpc import statuses
-from replay_tf.grpc import stream_slots
-from replay_tf.grpc import table_entry
+from replay_tf.grpc.server import statuses
+from replay_tf.grpc.server import stream_slots
+from replay_tf.grpc.server import table_entry
 from replay_tf.wire import raw_fields
 from replay_tf.wire import chunk_codec
 from replay_tf.wire import tensor_codec
@@ -39,7 +41,97 @@ from replay_tf.wire import limits
 from replay_tf.wire import reverb_service_pb2
 from replay_tf.wire import schema_pb2
 
-__all__ = ["InsertStreams"]
+__all__ = ["InsertStreamState", "InsertStreams"]
+
+
+def _without_locals(error: BaseException) -> BaseException:
+    """`error`, with the local variables of the finished frames of its tracebacks (and of its chained errors'
+    tracebacks) cleared; file and line information stays. An error kept in a stream's shared state would
+    otherwise keep that stream's items and chunks alive in reference cycles (frame -> state -> error ->
+    frame) that only a full garbage collection frees, e.g. after a writer was killed."""
+    seen = set()
+    pending = [error]
+    while pending:
+        e = pending.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        traceback.clear_frames(e.__traceback__)
+        pending += [e.__context__, e.__cause__]
+    return error
+
+
+class InsertStreamState:
+    """What an InsertStream's reader, its table queues and its sender share: keys to confirm, the first
+    error, and how many of its items wait in table queues. The owner of its items in those queues
+    (`core.insert_queue.InsertOwner`): a full queue stops the reader (back-pressure), and the items of a
+    client gone are dropped."""
+
+    waits_for_room = True
+
+    def __init__(self, context):
+        self.cv = threading.Condition()
+        self.keys: list = []
+        self.inserted: list = []  # keys the reader inserted while applying a request, confirmed together
+        self.error: Optional[BaseException] = None
+        self.done = False
+        self.outstanding = 0
+        self._context = context
+
+    def active(self) -> bool:
+        return self._context.is_active()
+
+    def gone(self) -> BaseException:
+        return statuses.client_gone()
+
+    def confirm(self, keys: list) -> None:
+        """Hands `keys` (inserted items) to the sender, which confirms them in one response."""
+        with self.cv:
+            self.keys += keys
+            self.cv.notify_all()
+
+    def confirm_inserted(self) -> None:
+        """Confirms the keys in `inserted`."""
+        if self.inserted:
+            self.confirm(self.inserted)
+            self.inserted.clear()
+
+    def will_wait(self) -> None:
+        self.confirm_inserted()  # no key waits behind a queued item
+
+    def queued(self) -> None:
+        with self.cv:
+            self.outstanding += 1
+
+    def finished(self, item: chunk_store_lib.Item, error: Optional[BaseException]) -> None:
+        """A queued item was inserted (`error` None) or failed."""
+        with self.cv:
+            self.outstanding -= 1
+            if error is None:
+                self.keys.append(item.key)
+            else:
+                self.fail(error)  # (`cv`'s lock is reentrant)
+            self.cv.notify_all()
+
+    def start_worker(self, target: Callable[[], None], table_name: str) -> None:
+        if not stream_slots.start_thread(target, f"replay_tf-inserts-{table_name}"):
+            raise statuses.StatusError(grpc.StatusCode.RESOURCE_EXHAUSTED, stream_slots.thread_refusal(
+                f"the insert queue of table '{table_name}'"))
+
+    def fail(self, error: BaseException) -> None:
+        """Records `error` for the sender to report, unless the stream already failed."""
+        with self.cv:
+            if self.error is None:
+                self.error = _without_locals(error)
+            self.cv.notify_all()
+
+    def wait_for_queued(self) -> None:
+        """Blocks until every queued item of the stream was inserted (or one failed)."""
+        with self.cv:
+            while self.outstanding and self.error is None:
+                self.cv.wait(common.WAIT_SLICE_MS / 1000.0)
+                if not self.active():
+                    raise statuses.client_gone()
 
 
 class InsertStreams:
@@ -65,7 +157,7 @@ class InsertStreams:
         # coalescing the keys confirmed meanwhile into one response (as Reverb does): a writer that sends
         # one item per request does not also pay for one response per request.
         common.freeze_startup_objects()
-        state = insert_queue.InsertStreamState(context)
+        state = InsertStreamState(context)
         cv = state.cv
 
         def read() -> None:
@@ -97,10 +189,9 @@ class InsertStreams:
             if done:
                 return
 
-    def _apply_insert_requests(self, request_iterator, context, state: insert_queue.InsertStreamState) -> None:
+    def _apply_insert_requests(self, request_iterator, context, state: InsertStreamState) -> None:
         held: dict = {}  # chunk key -> its item_records.ChunkLayout: this stream's chunks no item owns yet
         held_bytes = limits.HeldChunks()  # the bytes of the chunks in `held`
-        confirmed: list = []  # keys inserted while applying the current request, confirmed together
         checked: set = set()  # (table, (dtype, shape) of each column) of this stream's items that matched
         try:
             for raw in request_iterator:
@@ -140,11 +231,10 @@ class InsertStreams:
                     for item_proto in item_protos:
                         entry = self._entry_of(item_proto.table)
                         item = self._item(entry, item_proto, held, checked)
-                        entry.inserts.put(item, state, confirmed)
+                        if entry.table.insert_queue.put(item, state):
+                            state.inserted.append(item.key)
                 finally:
-                    if confirmed:
-                        state.confirm(confirmed)
-                        confirmed.clear()
+                    state.confirm_inserted()
                 # (at most limits.MAX_KEPT_CHUNKS_PER_REQUEST keys, counted before parsing)
                 keep = set(request.keep_chunk_keys)
                 for key in [k for k in held if k not in keep]:

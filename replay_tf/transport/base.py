@@ -1,8 +1,8 @@
 """What a `Client` needs from a server connection, and how one is made for an address.
 
 `Transport`, `InsertStream` and `SampleStream` describe a connection: the in-process transport
-(`_inprocess_transport`, the tables of a `Server` of this process called directly) and the remote one
-(`grpc.client_transport`, imported only when a server is remote, so that in-process use never loads gRPC) both
+(`inprocess`, the tables of a `Server` of this process called directly) and the remote one
+(`grpc.client.client_transport`, imported only when a server is remote, so that in-process use never loads gRPC) both
 implement them. Writers use `open_insert_stream()`; `TrajectoryDataset` and `Client.sample` use
 `open_sample_stream(...)`; both exchange `replay_tf.core` objects (`Item`, `Chunk`, `SampledItem`), so the
 remote transport only adds encoding. `make_transport` picks one for an address, with the TLS and token
@@ -14,8 +14,8 @@ import os
 import threading
 from typing import Any, Dict, Optional, Protocol
 
-from replay_tf import _addresses
-from replay_tf import _inprocess_transport
+from replay_tf.transport import addresses
+from replay_tf.transport import inprocess
 from replay_tf.core.chunk_store import Item
 
 
@@ -121,7 +121,7 @@ def set_connection_options(server_address: str, *, channel_credentials=None,
     >>> set_connection_options('replay.example.com:8000', auth_token='s3cret')
     >>> set_connection_options('replay.example.com:8000')  # cleared
     """
-    _addresses.split_address(server_address)  # ValueError for a malformed address
+    addresses.split_address(server_address)  # ValueError for a malformed address
     if auth_token is not None and (not isinstance(auth_token, str) or not auth_token):
         raise ValueError(f"auth_token must be a non-empty str or None, got {type(auth_token).__name__}")
     timeout_ms = checked_timeout_ms(timeout_ms, "timeout_ms")
@@ -181,14 +181,14 @@ def make_transport(server_address: str, *, channel_credentials=None,
     `set_connection_options` or the environment. A local server is reached in-process whatever its
     credentials: code of the same process is trusted.
     """
-    local = _inprocess_transport.for_address(server_address)
+    local = inprocess.for_address(server_address)
     if local is not None:
         return local
     try:
-        from replay_tf.grpc import client_transport  # noqa: PLC0415  (gRPC only for remote servers)
+        from replay_tf.grpc.client import client_transport  # noqa: PLC0415  (gRPC only for remote servers)
     except ImportError as e:
         raise ValueError(f"no Server of this process serves {server_address!r} and the remote transport "
-                         f"(replay_tf.grpc.client_transport) is unavailable: {e}") from e
+                         f"(replay_tf.grpc.client.client_transport) is unavailable: {e}") from e
     channel_credentials, auth_token = _resolve_connection_options(server_address, channel_credentials, auth_token)
     if channel_credentials is None and auth_token is None:
         return client_transport.Transport(server_address)

@@ -9,7 +9,7 @@ import threading
 import weakref
 from typing import Any, Optional
 
-from replay_tf import _addresses
+from replay_tf.transport import addresses
 
 _registry_lock = threading.Lock()
 _registry: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()  # port -> Server
@@ -33,8 +33,8 @@ def unregister(port: int, server: Any) -> None:
 
 def find_local_server(address: str) -> Optional[Any]:
     """The `Server` of this process that owns `address` (a host of this machine and its port), if any."""
-    host, port = _addresses.split_address(address)
-    if not _addresses.reaches_this_machine(host):
+    host, port = addresses.split_address(address)
+    if not addresses.reaches_this_machine(host):
         return None
     with _registry_lock:
         return _registry.get(port)

@@ -126,6 +126,19 @@ def test_read_then_write_with_num_shards_keeps_order_and_counts(source, tmp_path
         _assert_same_episodes(_episodes(destination, split), _episodes(source, split))
 
 
+def test_read_episodes_of_an_array_record_dataset(source, tmp_path):
+    converted = str(tmp_path / "array_record")
+    cli.convert(source, converted, "array_record", max_episodes_per_file=3)
+    output = str(tmp_path / "episodes.npy")
+    with beam.Pipeline() as p:
+        _ = (p | ReadEpisodes(converted, "train", with_index=True) | beam.combiners.ToList()
+             | beam.Map(lambda pairs: np.save(output, np.array(sorted(pairs, key=lambda kv: kv[0]) + [None],
+                                                               dtype=object)[:-1], allow_pickle=True)))
+    got = list(np.load(output, allow_pickle=True))
+    assert [int(index) for index, _ in got] == list(range(len(_LENGTHS["train"])))
+    _assert_same_episodes([episode for _, episode in got], _episodes(source, "train"))
+
+
 def test_unindexed_episodes_are_written_in_a_deterministic_order(source, tmp_path):
     episodes = _episodes(source, "train")
     written = []

@@ -117,5 +117,5 @@ class StepStatistics:
 def to_json(num_episodes: int, fields: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
     """`{'episodes': n, 'fields': ...}` with `StepStatistics.result()`'s arrays as lists (JSON values)."""
     return {"episodes": int(num_episodes),
-            "fields": {path: {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in s.items()}
+            "fields": {path: {k: (v.tolist() if isinstance(v, (np.ndarray, np.generic)) else v) for k, v in s.items()}
                        for path, s in fields.items()}}

@@ -53,7 +53,8 @@ def convert(src: str, dst: str, file_format: str, *, options: PipelineOptions,
         raise
     with open(os.path.join(dst, "dataset_info.json"), encoding="utf-8") as f:
         splits = json.load(f).get("splits", [])
-    return {s["name"]: sum(int(n) for n in s.get("shardLengths", [])) for s in splits}
+    counts = {s["name"]: sum(int(n) for n in s.get("shardLengths", [])) for s in splits}
+    return {name: counts[name] for name in sorted(counts)}  # in the single-process convert's order
 
 
 def _write_json(summary: Dict[str, Any], path: str) -> None:

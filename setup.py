@@ -49,6 +49,9 @@ setuptools.setup(
         "gym": ["gymnasium"],
         "array_record": ["array_record"],
         "cli": ["pyyaml", "matplotlib"],  # YAML table configs for `replay-tf serve`; `rlds-tf info --plot`
+        # rlds_tf.beam and `rlds-tf convert/stats --runner`: a separate environment from the test extra (Beam
+        # pins its own protobuf and pyarrow); .ci/make_beam_venv.sh builds one.
+        "beam": ["apache-beam>=2.77,<3", "array_record"],
     },
     entry_points={"console_scripts": [
         "rlds-tf=rlds_tf.cli:main",

@@ -5,6 +5,10 @@
       returns (sum of rewards) and lengths; `--plot` draws both per episode (needs matplotlib).
   rlds-tf convert SRC DST --format array_record|tfrecord [--max-episodes-per-file N]
       rewrites a dataset in the other on-disk format (same features, splits and episodes, in order).
+      With --runner and/or --num-workers N, runs as an Apache Beam pipeline (shards read and written in
+      parallel; needs `pip install rl-data-tf[beam]`); further options go to Beam's PipelineOptions as given.
+  rlds-tf stats DIR [--split S] [--json] [--runner R] [--num-workers N] [BEAM OPTIONS]
+      count, mean, std, min and max of every numeric step field per split, in one process or on Beam.
   rlds-tf recover DIR
       repairs a directory left by a killed rlds_tf recorder (see `rlds_tf.recording.recover`); reading a
       dataset (info, convert, `rlds_tf.load`) never writes into it.
@@ -181,22 +185,11 @@ def info(args: argparse.Namespace) -> int:
 
 def _dataset_config(builder):
     """A `DatasetConfig` with the source's features (episode fields other than `steps` become metadata)."""
-    import tensorflow_datasets as tfds  # noqa: PLC0415  (imports TF: after argument parsing)
+    from rlds_tf.recording import tfds_writer  # noqa: PLC0415  (imports TF: after argument parsing)
 
-    from rlds_tf import rlds_types  # noqa: PLC0415  (imports TF: after argument parsing)
-
-    features = builder.info.features
-    steps = features[rlds_types.STEPS].feature
-    core = {rlds_types.OBSERVATION, rlds_types.ACTION, rlds_types.REWARD, rlds_types.DISCOUNT,
-            rlds_types.IS_FIRST, rlds_types.IS_LAST, rlds_types.IS_TERMINAL}
-    step_metadata = {k: steps[k] for k in steps.keys() if k not in core}
-    episode_metadata = {k: features[k] for k in features.keys() if k != rlds_types.STEPS}
-    return tfds.rlds.rlds_base.DatasetConfig(
-        name=builder.info.name, observation_info=steps[rlds_types.OBSERVATION],
-        action_info=steps[rlds_types.ACTION], reward_info=steps[rlds_types.REWARD],
-        discount_info=steps[rlds_types.DISCOUNT], step_metadata_info=step_metadata or None,
-        episode_metadata_info=episode_metadata or None, description=builder.info.description,
-        homepage=builder.info.homepage, citation=builder.info.citation)
+    info = builder.info
+    return tfds_writer.dataset_config(info.features, name=info.name, description=info.description,
+                                      homepage=info.homepage, citation=info.citation)
 
 
 def convert(src: str, dst: str, file_format: str, *, data_dir: Optional[str] = None,
@@ -254,15 +247,98 @@ def convert(src: str, dst: str, file_format: str, *, data_dir: Optional[str] = N
     return counts
 
 
+_BEAM_MISSING = "needs Apache Beam, which is not installed here: pip install rl-data-tf[beam]"
+
+
+def _uses_beam(args: argparse.Namespace) -> bool:
+    return getattr(args, "runner", None) is not None or getattr(args, "num_workers", None) is not None
+
+
+def _beam_pipelines(args: argparse.Namespace):
+    """(`rlds_tf.beam.pipelines`, the pipeline options), or None after printing how to install Beam."""
+    try:
+        import apache_beam  # noqa: F401, PLC0415  (optional: only the Beam paths need it)
+    except ImportError:
+        print(f"rlds-tf {args.command}: --runner/--num-workers {_BEAM_MISSING}", file=sys.stderr)
+        return None
+    from rlds_tf.beam import pipelines  # noqa: PLC0415  (imports TF and Beam: after argument parsing)
+
+    return pipelines, pipelines.pipeline_options(args.runner, args.num_workers, args.beam_args)
+
+
 def convert_command(args: argparse.Namespace) -> int:
     try:
-        counts = convert(args.src, args.dst, args.format, data_dir=args.data_dir,
-                         max_episodes_per_file=args.max_episodes_per_file)
+        if _uses_beam(args):
+            beam = _beam_pipelines(args)
+            if beam is None:
+                return 2
+            pipelines, options = beam
+            counts = pipelines.convert(args.src, args.dst, args.format, options=options,
+                                       max_episodes_per_file=args.max_episodes_per_file)
+        else:
+            counts = convert(args.src, args.dst, args.format, data_dir=args.data_dir,
+                             max_episodes_per_file=args.max_episodes_per_file)
     except (FileNotFoundError, ValueError, ImportError) as e:
         print(f"rlds-tf convert: {e}", file=sys.stderr)
         return 1
     written = ", ".join(f"{split}: {n} episodes" for split, n in counts.items())
     print(f"wrote {args.dst} ({args.format}): {written}")
+    return 0
+
+
+def dataset_statistics(name_or_dir: str, *, split: Optional[str] = None,
+                       data_dir: Optional[str] = None) -> Dict[str, Any]:
+    """What `rlds-tf stats` prints, from one process: `{split: {'episodes', 'fields': {path: {count, mean,
+    std, min, max}}}}` over every numeric step field (std: sample, divided by count - 1)."""
+    import tensorflow_datasets as tfds  # noqa: PLC0415  (imports TF: after argument parsing)
+
+    from rlds_tf import loading  # noqa: PLC0415  (imports TF: after argument parsing)
+    from rlds_tf import step_statistics  # noqa: PLC0415  (imports numpy only, with the TF modules above)
+
+    builder = loading.builder(name_or_dir, data_dir=data_dir)
+    known = sorted(builder.info.splits.keys())
+    if split is not None and split not in known:
+        raise ValueError(f"unknown split {split!r}; the dataset has splits {known}")
+    out = {}
+    for split_name in [split] if split else known:
+        statistics = step_statistics.StepStatistics()
+        with _read_errors_named(builder, split_name):
+            for episode in tfds.as_numpy(loading.load_stacked(name_or_dir, split_name, data_dir=data_dir)):
+                statistics.add_episode(episode)
+        out[split_name] = step_statistics.to_json(statistics.num_episodes, statistics.result())
+    return out
+
+
+def _print_statistics(summary: Dict[str, Any]) -> None:
+    for split, stats in summary.items():
+        print(f"split {split}: {stats['episodes']} episodes")
+        for field, s in stats["fields"].items():
+            figures = []
+            for key in ("mean", "std", "min", "max"):
+                values = np.asarray(s[key], dtype=np.float64)
+                # Wide fields (images) print their range over elements; --json gives every element.
+                figures.append(f"{key} {_format_number(values.tolist())}" if values.size <= 8 else
+                               f"{key} {_format_number(float(values.min()))}..{_format_number(float(values.max()))}")
+            print(f"  {field:<24} count {s['count']}  " + "  ".join(figures))
+
+
+def stats_command(args: argparse.Namespace) -> int:
+    try:
+        if _uses_beam(args):
+            beam = _beam_pipelines(args)
+            if beam is None:
+                return 2
+            pipelines, options = beam
+            summary = pipelines.stats(args.directory, options=options, split=args.split, output=args.output)
+        else:
+            summary = dataset_statistics(args.directory, split=args.split, data_dir=args.data_dir)
+    except (FileNotFoundError, ValueError, ImportError) as e:
+        print(f"rlds-tf stats: {e}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        _print_statistics(summary)
     return 0
 
 
@@ -289,6 +365,14 @@ def recover_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_beam_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--runner", default=None,
+                        help="run on Apache Beam with this runner (DirectRunner, FlinkRunner, SparkRunner, "
+                             "DataflowRunner, ...); further --options go to Beam's PipelineOptions")
+    parser.add_argument("--num-workers", type=int, default=None, metavar="N",
+                        help="Beam workers (DirectRunner: N processes); implies --runner DirectRunner")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlds-tf", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -310,7 +394,18 @@ def _parser() -> argparse.ArgumentParser:
     convert_parser.add_argument("--data-dir", default=None, help="TFDS data dir, for dataset names")
     convert_parser.add_argument("--max-episodes-per-file", type=int, default=1000, metavar="N",
                                 help="episodes per shard of DST (default 1000)")
+    _add_beam_arguments(convert_parser)
     convert_parser.set_defaults(run=convert_command)
+    stats_parser = commands.add_parser("stats", help="count, mean, std, min, max of every numeric step field")
+    stats_parser.add_argument("directory", metavar="DIR", help="dataset directory or registered TFDS name")
+    stats_parser.add_argument("--split", default=None, help="one split (default: every split)")
+    stats_parser.add_argument("--data-dir", default=None, help="TFDS data dir, for dataset names")
+    stats_parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    stats_parser.add_argument("--output", default=None, metavar="PATH",
+                              help="Beam only: where the workers write the figures (default: a local "
+                                   "temporary file; give a shared path such as gs://... on a cluster)")
+    _add_beam_arguments(stats_parser)
+    stats_parser.set_defaults(run=stats_command)
     recover_parser = commands.add_parser("recover", help="repair a directory left by a killed recorder")
     recover_parser.add_argument("directory", metavar="DIR", help="dataset directory holding dataset_info.json")
     recover_parser.set_defaults(run=recover_command)
@@ -319,7 +414,15 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of the `rlds-tf` console script."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, beam_args = parser.parse_known_args(argv)
+    if beam_args and not _uses_beam(args):
+        parser.error(f"unrecognized arguments: {' '.join(beam_args)} (options for Beam's PipelineOptions are "
+                     f"taken only with --runner or --num-workers, by `convert` and `stats`)")
+    args.beam_args = beam_args
+    if getattr(args, "num_workers", None) is not None and args.num_workers < 1:
+        print(f"rlds-tf {args.command}: --num-workers ({args.num_workers}) must be >= 1", file=sys.stderr)
+        return 2
     if getattr(args, "max_episodes", None) is not None and args.max_episodes < 1:
         print(f"rlds-tf info: --max-episodes ({args.max_episodes}) must be >= 1", file=sys.stderr)
         return 2

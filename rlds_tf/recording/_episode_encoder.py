@@ -209,7 +209,7 @@ class EpisodeEncoder:
                     encoded = self._features.encode_example(example)
                 except Exception as e:  # TFDS raises many types; rewrite in the user's terms.
                     raise ValueError(f"cannot encode the episode with the dataset features: {e}") from e
-                return self._serializer.serialize_example(encoded)
+                return self._serializer.get_tf_example(encoded).SerializeToString(deterministic=True)
             expected = {name for name in self._features.keys() if name != rlds_types.STEPS}
             if set(episode_metadata) != expected:
                 raise ValueError(f"episode metadata keys {sorted(episode_metadata)} differ from the dataset "
@@ -220,6 +220,9 @@ class EpisodeEncoder:
             for leaf in self._episode_leaves:
                 value = leaf.convert(_getter(leaf.path)(episode_metadata), "episode metadata: ")
                 feature_map[leaf.key] = leaf.feature(value, stacked=False)
-            return example_pb2.Example(features=feature_pb2.Features(feature=feature_map)).SerializeToString()
+            # deterministic: map entries sorted by key. Otherwise their order follows the process's string
+            # hashing, so the same episode would give different bytes in two processes (or two Beam workers).
+            example = example_pb2.Example(features=feature_pb2.Features(feature=feature_map))
+            return example.SerializeToString(deterministic=True)
         finally:
             self.discard()

@@ -62,24 +62,41 @@ class _DurableSequentialWriter(tfds.core.SequentialWriter):
     def _write_splits_metadata(self) -> None:
         entries = self._split_entries()
         if self._info_base is None:
-            # First write: every metadata file, built aside and moved in one by one (each move is atomic).
-            self._ds_info.set_splits(tfds.core.SplitDict([
+            # First write: every metadata file (each move into place is atomic).
+            self._info_base = write_info_files(self._data_dir, self._ds_info, [
                 tfds.core.SplitInfo(name=s.info.name, shard_lengths=lengths, num_bytes=num_bytes,
                                     filename_template=s.info.filename_template)
-                for s, lengths, num_bytes in entries]))
-            staging = tempfile.mkdtemp(prefix=".tmp-info-", dir=self._data_dir)
-            try:
-                self._ds_info.write_to_directory(staging)
-                for name in sorted(os.listdir(staging)):
-                    os.replace(os.path.join(staging, name), os.path.join(self._data_dir, name))
-            finally:
-                shutil.rmtree(staging, ignore_errors=True)
-            self._info_base = files.read_info_json(self._data_dir)
+                for s, lengths, num_bytes in entries])
             return
-        info = dict(self._info_base)
-        info["splits"] = [files.split_json(s.info.name, s.info.filename_template.template, lengths, num_bytes)
-                          for s, lengths, num_bytes in entries]
-        files.atomic_write_text(os.path.join(self._data_dir, files.DATASET_INFO), files.info_json_text(info))
+        write_split_entries(self._data_dir, self._info_base,
+                            [(s.info.name, s.info.filename_template.template, lengths, num_bytes)
+                             for s, lengths, num_bytes in entries])
+
+
+def write_info_files(data_directory: str, ds_info: tfds.core.DatasetInfo,
+                     split_infos: Sequence[tfds.core.SplitInfo]) -> dict:
+    """Writes every metadata file of `ds_info` with these splits into `data_directory`; returns its info JSON.
+
+    The files are built in a hidden staging directory and moved in one by one, each move atomic.
+    """
+    ds_info.set_splits(tfds.core.SplitDict(list(split_infos)))
+    staging = tempfile.mkdtemp(prefix=".tmp-info-", dir=data_directory)
+    try:
+        ds_info.write_to_directory(staging)
+        for name in sorted(os.listdir(staging)):
+            os.replace(os.path.join(staging, name), os.path.join(data_directory, name))
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return files.read_info_json(data_directory)
+
+
+def write_split_entries(data_directory: str, info_base: dict,
+                        splits: Sequence[tuple[str, str, Sequence[int], int]]) -> None:
+    """Atomically replaces dataset_info.json by `info_base` listing `(name, template, lengths, num_bytes)` splits."""
+    info = dict(info_base)
+    info["splits"] = [files.split_json(name, template, list(lengths), num_bytes)
+                      for name, template, lengths, num_bytes in splits]
+    files.atomic_write_text(os.path.join(data_directory, files.DATASET_INFO), files.info_json_text(info))
 
 
 class DatasetWriter:
@@ -185,16 +202,12 @@ class DatasetWriter:
     def add_episode(self, episode: Mapping[str, Any], *, split: str | None = None) -> None:
         """Writes a whole episode: `{'steps': <list of steps | dict of stacked [T, ...] arrays>, **metadata}`."""
         self._check_open()
-        if rlds_types.STEPS not in episode:
-            raise ValueError(f"an episode needs a {rlds_types.STEPS!r} field; got keys {sorted(episode)}")
-        try:
-            for step in _iter_steps(episode[rlds_types.STEPS]):
-                self._encoder.add_step(step)
-        except Exception:
-            self._encoder.discard()
-            raise
-        metadata = {k: _to_numpy(v) for k, v in episode.items() if k != rlds_types.STEPS}
-        self.end_episode(metadata, split=split)
+        split = split or self._split_names[0]
+        if split not in self._split_names:
+            raise KeyError(f"unknown split {split!r}; this writer has {self._split_names}")
+        serialized = serialize_episode(self._encoder, episode)
+        self._writer.add_serialized(split, serialized)
+        self.num_episodes += 1
 
     def close(self) -> None:
         """Drops an unfinished episode, closes the shards and writes the final metadata."""
@@ -214,6 +227,35 @@ class DatasetWriter:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def serialize_episode(encoder: EpisodeEncoder, episode: Mapping[str, Any]) -> bytes:
+    """The record TFDS writes for `{'steps': <steps>, **metadata}` (steps as `add_episode` takes them)."""
+    if rlds_types.STEPS not in episode:
+        raise ValueError(f"an episode needs a {rlds_types.STEPS!r} field; got keys {sorted(episode)}")
+    try:
+        for step in _iter_steps(episode[rlds_types.STEPS]):
+            encoder.add_step(step)
+    except Exception:
+        encoder.discard()
+        raise
+    return encoder.serialize({k: _to_numpy(v) for k, v in episode.items() if k != rlds_types.STEPS})
+
+
+def dataset_config(features: tfds.features.FeaturesDict, *, name: str, description: str | None = None,
+                   homepage: str | None = None, citation: str | None = None) -> DatasetConfig:
+    """The `DatasetConfig` of an RLDS dataset's episode features (step fields beyond the core ones and episode
+    fields other than `steps` become step and episode metadata)."""
+    steps = features[rlds_types.STEPS].feature
+    core = {rlds_types.OBSERVATION, rlds_types.ACTION, rlds_types.REWARD, rlds_types.DISCOUNT,
+            rlds_types.IS_FIRST, rlds_types.IS_LAST, rlds_types.IS_TERMINAL}
+    step_metadata = {k: steps[k] for k in steps.keys() if k not in core}
+    episode_metadata = {k: features[k] for k in features.keys() if k != rlds_types.STEPS}
+    return DatasetConfig(
+        name=name, observation_info=steps[rlds_types.OBSERVATION], action_info=steps[rlds_types.ACTION],
+        reward_info=steps[rlds_types.REWARD], discount_info=steps[rlds_types.DISCOUNT],
+        step_metadata_info=step_metadata or None, episode_metadata_info=episode_metadata or None,
+        description=description, homepage=homepage, citation=citation)
 
 
 def _check_next_shards_are_free(data_directory: str, name: str, split_names: Sequence[str],

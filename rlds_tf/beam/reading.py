@@ -1,0 +1,123 @@
+"""`ReadEpisodes`: an RLDS dataset directory as a PCollection of episodes, read in parallel over its shards.
+
+Each shard (tfrecord or array_record) becomes one unit of work: a worker reads the episodes it holds with
+`rlds_tf.load_stacked` over the split slice the shard covers, so the values are exactly what `load_stacked`
+gives in one process (numpy arrays; strings as bytes; images decoded by their TFDS feature).
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Iterator, List, Optional, Tuple
+
+import apache_beam as beam
+import tensorflow_datasets as tfds
+
+from rlds_tf import loading
+
+# (split, index of the shard's first episode in the split, number of episodes, shard file name)
+ShardTask = Tuple[str, int, int, str]
+
+
+def shard_tasks(dataset_builder: tfds.core.DatasetBuilder, split: str) -> List[ShardTask]:
+    """One task per shard of `split`: the episodes `[start, start + length)` of the split that it holds."""
+    tasks, start = [], 0
+    for instruction in dataset_builder.info.splits[split].file_instructions:
+        length = int(instruction.take)
+        if length < 0:  # TFDS: "to the end of the file"
+            length = int(instruction.examples_in_shard) - int(instruction.skip)
+        if length > 0:
+            tasks.append((split, start, length, os.path.basename(os.fspath(instruction.filename))))
+        start += length
+    return tasks
+
+
+class _ReadShard(beam.DoFn):
+    """Reads the episodes of one shard with `load_stacked`; yields them (with their index in the split)."""
+
+    def __init__(self, directory: str, with_index: bool, report_progress: bool, num_shards: int):
+        self._directory = directory
+        self._with_index = with_index
+        self._report_progress = report_progress
+        self._num_shards = num_shards
+
+    def process(self, task: ShardTask) -> Iterator[Any]:
+        split, start, length, filename = task
+        episodes = loading.load_stacked(self._directory, f"{split}[{start}:{start + length}]", validate=False)
+        count = 0
+        for episode in tfds.as_numpy(episodes):
+            yield (start + count, episode) if self._with_index else episode
+            count += 1
+        if count != length:
+            raise ValueError(f"{os.path.join(self._directory, filename)}: expected {length} episodes "
+                             f"(dataset_info.json), read {count}")
+        if self._report_progress:
+            print(f"read {filename}: {count} episodes (1 of {self._num_shards} shards of split {split!r})",
+                  file=sys.stderr, flush=True)
+
+
+class ReadEpisodes(beam.PTransform):
+    """Reads an RLDS dataset directory: one element per episode, shards read in parallel.
+
+    Each element is `{'steps': {field: [T, ...] numpy array}, **episode metadata}`, the values
+    `rlds_tf.load_stacked` gives. With `with_index=True` elements are `(index, episode)` pairs, the index
+    being the episode's position in its split: `WriteEpisodes` writes such pairs in index order, so reading
+    and writing keeps the order of the episodes.
+
+    Args:
+      path_or_builder_dir: a dataset directory (holding dataset_info.json); the directory must be readable
+        by every worker (a shared file system or a path TensorFlow's file system reaches, e.g. gs://).
+      split: one split name (the transform gives a PCollection), or None: every split, as a dict
+        `{split: PCollection}` (what `WriteEpisodes` takes).
+      with_index: yield `(index, episode)` pairs.
+      report_progress: print a line to stderr as each shard is read.
+
+    Raises:
+      FileNotFoundError / ValueError: at construction, as `rlds_tf.builder` (not a dataset directory, not
+        RLDS, unknown split).
+
+    >>> import tempfile, apache_beam as beam
+    >>> from rlds_tf.recording import EnvLogger, Catch
+    >>> directory = tempfile.mkdtemp()
+    >>> with EnvLogger(Catch(), data_directory=directory) as env:
+    ...     timestep = env.reset()
+    ...     while not timestep.last():
+    ...         timestep = env.step(1)
+    >>> with beam.Pipeline() as p:
+    ...     _ = (p | ReadEpisodes(directory, split='train')
+    ...          | beam.Map(lambda e: e['steps']['observation'].shape) | beam.Map(print))
+    (10, 10, 5)
+    """
+
+    def __init__(self, path_or_builder_dir: Any, split: Optional[str] = None, *, with_index: bool = False,
+                 report_progress: bool = False):
+        super().__init__()
+        self._directory = os.fspath(path_or_builder_dir)
+        builder = loading.builder(self._directory)
+        known = sorted(builder.info.splits.keys())
+        if split is not None and split not in known:
+            raise ValueError(f"unknown split {split!r}; dataset {builder.info.name!r} in {self._directory!r} has "
+                             f"splits {known}")
+        self._splits = [split] if split is not None else known
+        self._single = split is not None
+        self._tasks = {name: shard_tasks(builder, name) for name in self._splits}
+        self._with_index = with_index
+        self._report_progress = report_progress
+        self.features = builder.info.features
+        self.info = builder.info
+
+    @property
+    def splits(self) -> List[str]:
+        return list(self._splits)
+
+    def expand(self, pbegin):
+        out = {}
+        for split in self._splits:
+            tasks = self._tasks[split]
+            out[split] = (pbegin
+                          | f"Shards[{split}]" >> beam.Create(tasks)
+                          # Spreads the shards over the workers (Create alone may keep them on one).
+                          | f"Spread[{split}]" >> beam.Reshuffle()
+                          | f"Read[{split}]" >> beam.ParDo(_ReadShard(self._directory, self._with_index,
+                                                                       self._report_progress, len(tasks))))
+        return out[self._splits[0]] if self._single else out

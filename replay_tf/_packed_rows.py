@@ -1,6 +1,6 @@
 """`PackedRows`: batches of small sampled items packed from one cached byte row per item.
 
-`_batch_source` hands a batch of small numeric rows to TensorFlow as one uint8 array, each component's row
+`batch_source` hands a batch of small numeric rows to TensorFlow as one uint8 array, each component's row
 bytes side by side. Gathering that batch column by column costs a few microseconds of Python per item and
 column, which for the few-sample batches of many interleaved datasets (TF-Agents interleaves up to 32, 6
 samples per call) costs as much as the call itself. The items of a table in this process are shared and
@@ -30,7 +30,7 @@ _LAYOUTS: dict = {}
 
 class PackedRows:
     """Packs batches of `SampledItem`s whose data columns have exactly `layouts` (numpy dtype, shape), as
-    the uint8 array `_batch_source` hands over for elements of the 5 `SampleInfo` columns (`info_dtypes`,
+    the uint8 array `batch_source` hands over for elements of the 5 `SampleInfo` columns (`info_dtypes`,
     numpy dtypes) followed by the data columns."""
 
     def __init__(self, info_dtypes: list, layouts: list):

@@ -19,13 +19,13 @@ iterator starts another.
 Used only where that changes nothing a user can tell (`TrajectoryDataset._shared_batches`): a table of
 this process known by name when the dataset is built, eagerly, with items that are never deleted by
 sampling (`max_times_sampled` 0: a queue's items must reach the iterator that took them), small numeric
-columns of a fixed shape (packed, see `_batch_source`), one worker per iterator, no sample limit and no
+columns of a fixed shape (packed, see `batch_source`), one worker per iterator, no sample limit and no
 rate-limiter timeout. Each iterator decides when it opens: while the server found when the dataset was
 built still runs and holds the same table, and no error ended the feeder, it reads the shared queue;
 otherwise (a server stopped and another started on that port, say) it reads through the per-iterator
 source, exactly as with `REPLAY_TF_SHARED_SAMPLES=0`, which turns this off. An error in the feeder (the
 server stopped, an item of another shape) closes the queue: the iterators reading it raise that error,
-with the type and message the per-iterator source raises (both go through `_batch_source`'s ends).
+with the type and message the per-iterator source raises (both go through `batch_source`'s ends).
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ import numpy as np
 import tensorflow as tf
 import tree
 
-from replay_tf import _batch_source
+from replay_tf.sampling import batch_source
 from replay_tf import _generator_exit
 from replay_tf import _local_servers
 from replay_tf import errors
@@ -200,7 +200,7 @@ class SharedSamples:
             batch = samples[start:start + self._request]
             packed = self._packer.pack(batch)
             if packed is None:  # (rows not kept for a large table, or another layout: raises for the latter)
-                packed = _batch_source._pack(self._stack(batch), self._packing)
+                packed = batch_source._pack(self._stack(batch), self._packing)
             if len(batch) < self._request:
                 packed = np.concatenate([packed, np.zeros((self._request - len(batch), packed.shape[1]),
                                                           np.uint8)])
@@ -257,7 +257,7 @@ class SharedSamples:
     # --- the graph side ---
 
     def read(self, unused_key: tf.Tensor) -> tf.Tensor:
-        """One batch, as `[rows, row_bytes]` uint8 (the packed layout of `_batch_source`)."""
+        """One batch, as `[rows, row_bytes]` uint8 (the packed layout of `batch_source`)."""
         batch, size = self.queue.dequeue()
         with tf.control_dependencies([batch, size]):  # (the token only once the batch has left the queue)
             token = self.tokens.enqueue(tf.constant(_CONSUMED, tf.int8))
@@ -265,12 +265,12 @@ class SharedSamples:
             return batch[:size]
 
     def ended_by(self, key: np.ndarray) -> Optional[str]:
-        """The end of an iterator's batches (see `_batch_source.end_of_elements`): raises the feeder's error
+        """The end of an iterator's batches (see `batch_source.end_of_elements`): raises the feeder's error
         unless it is a quiet one (the server stopped), whose message it returns; None if there is none."""
         del key
         if self.error is None:
             return None
-        if isinstance(self.error, _batch_source.QUIET_ERRORS):
+        if isinstance(self.error, batch_source.QUIET_ERRORS):
             return f"{type(self.error).__name__}: {self.error}"
         raise self.error.with_traceback(None)  # (raised by every reader: no traceback piling up)
 
@@ -283,7 +283,7 @@ def dataset(server, address: str, table: str, request: int, packer, stack: Calla
     the per-iterator batches of the same elements. `names` (the columns' paths) are part of the key: the
     feeder's errors name them."""
     flat_specs = tree.flatten(element_spec)
-    packing = _batch_source._packing(flat_specs)
+    packing = batch_source._packing(flat_specs)
     key = (id(server), address, table, request, packing[0], tuple(packing[2]), names)
     with _LOCK:
         for old in list(_SHARED.values()):
@@ -303,9 +303,9 @@ def dataset(server, address: str, table: str, request: int, packer, stack: Calla
 
     @tf.autograph.experimental.do_not_convert
     def read(key):
-        return tree.unflatten_as(element_spec, _batch_source._unpack(samples.read(key), flat_specs, packing))
+        return tree.unflatten_as(element_spec, batch_source._unpack(samples.read(key), flat_specs, packing))
 
-    finish = _batch_source.end_of_elements(samples.ended_by, element_spec)
+    finish = batch_source.end_of_elements(samples.ended_by, element_spec)
 
     @tf.autograph.experimental.do_not_convert
     def per_iterator(key):
@@ -317,7 +317,7 @@ def dataset(server, address: str, table: str, request: int, packer, stack: Calla
         return shared.take(tf.where(key == _SHARED_SOURCE, everything, nothing)).concatenate(
             own_source.take(tf.where(key == _OWN_SOURCE, everything, nothing)))
 
-    keys = _batch_source.iterator_keys(lambda: _generator_exit.ending_at_exit(start()))
+    keys = batch_source.iterator_keys(lambda: _generator_exit.ending_at_exit(start()))
     batches = keys.flat_map(per_iterator)
     batches._shared_samples = samples  # (kept while the dataset is)
     return batches

@@ -31,7 +31,7 @@ import tensorflow as tf
 import tree
 
 from replay_tf import _addresses
-from replay_tf import _batch_source
+from replay_tf.sampling import batch_source
 from replay_tf import _buffer_pool
 from replay_tf import _generator_exit
 from replay_tf import _inprocess_transport
@@ -200,14 +200,14 @@ class TrajectoryDataset(_lazy_dataset.LazyDatasetV1):
                 for d, s in zip(self._column_dtypes, self._column_shapes)]))
 
     def _from_generator(self, batch_size: Optional[int] = None, drop_remainder: bool = False) -> tf.data.Dataset:
-        """The batches of `_generate_batches` (see `_batch_source`); the address and table reach it as
+        """The batches of `_generate_batches` (see `batch_source`); the address and table reach it as
         tensors, so that values known only when the dataset is iterated work."""
         def generate(server_address: bytes, table: bytes):
             return _generator_exit.ending_at_exit(self._generate_flat(
                 batch_size, drop_remainder, server_address=server_address.decode(), table=table.decode(),
                 packed=True))
 
-        return _batch_source.batches(generate, (self._server_address, self._table), self._batch_specs(None),
+        return batch_source.batches(generate, (self._server_address, self._table), self._batch_specs(None),
                                      wrap=_generator_exit.ending_at_exit)
 
     def _build_dataset(self) -> tf.data.Dataset:
@@ -331,14 +331,14 @@ class TrajectoryDataset(_lazy_dataset.LazyDatasetV1):
 
     def _packer(self) -> Optional[_packed_rows.PackedRows]:
         """Packs batches from the rows items keep (see `_packed_rows`), when batches of this dataset are
-        handed to TensorFlow packed (small numeric rows, see `_batch_source`); None otherwise."""
-        if _batch_source.packed_row_bytes(self._batch_specs(None)) is None:
+        handed to TensorFlow packed (small numeric rows, see `batch_source`); None otherwise."""
+        if batch_source.packed_row_bytes(self._batch_specs(None)) is None:
             return None
         return _packed_rows.PackedRows([numpy_dtype(d) for d in SampleInfo.tf_dtypes()], self._column_layout)
 
     def _packed_or_stacked(self, samples: list, packer: Optional[_packed_rows.PackedRows],
                            pool: Optional[_buffer_pool.BufferPool], table: str):
-        """A batch as `packer` packs it (see `_batch_source.packed_row_bytes`), else flat (`_stack_flat`)."""
+        """A batch as `packer` packs it (see `batch_source.packed_row_bytes`), else flat (`_stack_flat`)."""
         packed = None if packer is None else packer.pack(samples)
         return self._stack_flat(samples, pool, table) if packed is None else packed
 
@@ -363,7 +363,7 @@ class TrajectoryDataset(_lazy_dataset.LazyDatasetV1):
     def _generate_flat(self, batch_size: Optional[int] = None, drop_remainder: bool = False, *,
                        server_address: Optional[str] = None, table: Optional[str] = None, packed: bool = False):
         """`_generate_batches`, each batch flat (see `_stack_flat`); with `packed`, batches of items that keep
-        their rows (in-process ones) may come as the packed array of `_batch_source` instead (see `_packer`)."""
+        their rows (in-process ones) may come as the packed array of `batch_source` instead (see `_packer`)."""
         server_address = self._server_address if server_address is None else server_address
         table = self._table if table is None else table
         transport = transport_lib.make_transport(server_address)

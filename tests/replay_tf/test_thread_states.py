@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from replay_tf import _batch_source
+from replay_tf.sampling import batch_source
 from replay_tf import _thread_states
 
 
@@ -91,7 +91,7 @@ def test_batch_sources_keep_the_state_of_the_threads_that_call_them():
             seen.append((threading.get_native_id(), count))
             yield [np.full([1], i, np.int64)]
 
-    dataset = _batch_source.batches(make, (b"x",), tf.TensorSpec([None], tf.int64)).prefetch(1)
+    dataset = batch_source.batches(make, (b"x",), tf.TensorSpec([None], tf.int64)).prefetch(1)
     assert [x.tolist() for x in dataset.as_numpy_iterator()] == [[i] for i in range(5)]
     on_tf_data_threads = _per_thread([(t, c) for t, c in seen if t != threading.main_thread().native_id])
     assert sum(map(len, on_tf_data_threads)) >= 4  # (the first element may be asked for on another thread)

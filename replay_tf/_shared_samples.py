@@ -5,7 +5,7 @@ TF-Agents' `ReverbReplayBuffer.as_dataset` interleaves up to 32 `TrajectoryDatas
 (6 at a time for its DQN shape). Sampling them through one `numpy_function` call per batch costs more Python
 time per sample than the sampling itself, spent on tf.data's threads under the GIL. Here the iterators of
 one table, batch size and layout share a `SharedSamples`: one Python thread samples for all of them, packs
-several batches at once (`_packed_rows`) and enqueues them with one call, and each iterator dequeues its
+several batches at once (`packed_rows`) and enqueues them with one call, and each iterator dequeues its
 batches in the graph: no Python on tf.data's threads.
 
 Samples in flight: as a Reverb worker has at most `max_in_flight_samples_per_worker` samples in flight,

@@ -36,7 +36,7 @@ from replay_tf import _buffer_pool
 from replay_tf import _generator_exit
 from replay_tf import _inprocess_transport
 from replay_tf import _lazy_dataset
-from replay_tf import _packed_rows
+from replay_tf.sampling import packed_rows
 from replay_tf import _sample_workers
 from replay_tf import _shared_samples
 from replay_tf import _signature_checks
@@ -329,14 +329,14 @@ class TrajectoryDataset(_lazy_dataset.LazyDatasetV1):
                         self._check_columns(cols, table)
                     raise
 
-    def _packer(self) -> Optional[_packed_rows.PackedRows]:
-        """Packs batches from the rows items keep (see `_packed_rows`), when batches of this dataset are
+    def _packer(self) -> Optional[packed_rows.PackedRows]:
+        """Packs batches from the rows items keep (see `packed_rows`), when batches of this dataset are
         handed to TensorFlow packed (small numeric rows, see `batch_source`); None otherwise."""
         if batch_source.packed_row_bytes(self._batch_specs(None)) is None:
             return None
-        return _packed_rows.PackedRows([numpy_dtype(d) for d in SampleInfo.tf_dtypes()], self._column_layout)
+        return packed_rows.PackedRows([numpy_dtype(d) for d in SampleInfo.tf_dtypes()], self._column_layout)
 
-    def _packed_or_stacked(self, samples: list, packer: Optional[_packed_rows.PackedRows],
+    def _packed_or_stacked(self, samples: list, packer: Optional[packed_rows.PackedRows],
                            pool: Optional[_buffer_pool.BufferPool], table: str):
         """A batch as `packer` packs it (see `batch_source.packed_row_bytes`), else flat (`_stack_flat`)."""
         packed = None if packer is None else packer.pack(samples)

@@ -236,7 +236,7 @@ class Item:
     container, so items that are many small objects slow down every Python program that holds many of
     them). `trajectory` (the flat trajectory of `ChunkSlice`s) and `chunks` (chunk key -> `Chunk`) are
     derived from it on access. `row_cache` is for samplers in this process: `(layout, bytes)` of the
-    item's columns packed side by side, kept by `replay_tf._packed_rows` (None until then).
+    item's columns packed side by side, kept by `replay_tf.sampling.packed_rows` (None until then).
     """
 
     __slots__ = ("key", "priority", "times_sampled", "inserted_at", "_columns", "_episode_ids", "row_cache",

@@ -9,7 +9,7 @@ element is one stateful `numpy_function` call that hands the generator's arrays 
 or, for elements of small numeric rows, packed side by side into one array that the graph splits again
 (`_packing`). The threads that call it keep their Python thread state between calls (`_thread_states`).
 A generator that can build that packed array more cheaply than from its columns (say, from rows it keeps
-packed, see `_packed_rows`) may yield it instead of the flat list (see `packed_row_bytes`).
+packed, see `packed_rows`) may yield it instead of the flat list (see `packed_row_bytes`).
 
 Exceptions in the generator reach the iterator as `numpy_function` maps them (ValueError and TypeError as
 InvalidArgumentError, others as UnknownError), which is also how `from_generator` maps them. TensorFlow

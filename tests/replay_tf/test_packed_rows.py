@@ -1,10 +1,10 @@
-"""`_packed_rows.PackedRows`: batches packed from the rows in-process items keep, and datasets that use them."""
+"""`packed_rows.PackedRows`: batches packed from the rows in-process items keep, and datasets that use them."""
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import replay_tf as reverb
-from replay_tf import _packed_rows
+from replay_tf.sampling import packed_rows
 from replay_tf import _stacking
 from replay_tf import _transport as transport_lib
 from replay_tf.grpc import client_transport
@@ -61,7 +61,7 @@ def _expected_rows(samples: list) -> np.ndarray:
 
 
 def test_a_batch_is_packed_as_info_then_each_columns_bytes(server):
-    packer = _packed_rows.PackedRows(_INFO_DTYPES, _LAYOUTS)
+    packer = packed_rows.PackedRows(_INFO_DTYPES, _LAYOUTS)
     assert packer.row_bytes == 36 + 4 + 16 + 16 + 3
     samples = server.table("t").sample(5)
     assert len(samples) == 5
@@ -72,7 +72,7 @@ def test_a_batch_is_packed_as_info_then_each_columns_bytes(server):
 
 
 def test_items_keep_their_row_and_packers_of_the_same_layout_share_it(server):
-    packer = _packed_rows.PackedRows(_INFO_DTYPES, _LAYOUTS)
+    packer = packed_rows.PackedRows(_INFO_DTYPES, _LAYOUTS)
     samples = list({s.item.key: s for s in server.table("t").sample(30)}.values())[:3]  # (3 distinct items)
     assert all(s.item.row_cache is None for s in samples)
     first = packer.pack(samples)
@@ -81,23 +81,23 @@ def test_items_keep_their_row_and_packers_of_the_same_layout_share_it(server):
     # A second packer of an equal layout reads the kept rows (marked here) instead of the columns.
     marked = bytes(range(39))
     samples[1].item.row_cache = (kept[1][0], marked)
-    again = _packed_rows.PackedRows(list(_INFO_DTYPES), [(d.str, list(s)) for d, s in _LAYOUTS]).pack(samples)
+    again = packed_rows.PackedRows(list(_INFO_DTYPES), [(d.str, list(s)) for d, s in _LAYOUTS]).pack(samples)
     np.testing.assert_array_equal(again[[0, 2]], first[[0, 2]])
     assert again[1, 36:].tobytes() == marked
 
 
 def test_rows_are_kept_only_while_the_table_is_within_the_bound(server, monkeypatch):
-    row_cost = 39 + _packed_rows._ROW_OVERHEAD
-    monkeypatch.setattr(_packed_rows, "MAX_CACHED_BYTES", 6 * row_cost)  # 6 rows; the table holds 7 items
+    row_cost = 39 + packed_rows._ROW_OVERHEAD
+    monkeypatch.setattr(packed_rows, "MAX_CACHED_BYTES", 6 * row_cost)  # 6 rows; the table holds 7 items
     samples = server.table("t").sample(2)
-    assert _packed_rows.PackedRows(_INFO_DTYPES, _LAYOUTS).pack(samples) is None  # (stacked by column instead)
+    assert packed_rows.PackedRows(_INFO_DTYPES, _LAYOUTS).pack(samples) is None  # (stacked by column instead)
     assert all(s.item.row_cache is None for s in samples)
-    monkeypatch.setattr(_packed_rows, "MAX_CACHED_BYTES", 7 * row_cost)
-    np.testing.assert_array_equal(_packed_rows.PackedRows(_INFO_DTYPES, _LAYOUTS).pack(samples),
+    monkeypatch.setattr(packed_rows, "MAX_CACHED_BYTES", 7 * row_cost)
+    np.testing.assert_array_equal(packed_rows.PackedRows(_INFO_DTYPES, _LAYOUTS).pack(samples),
                                   _expected_rows(samples))
     assert all(s.item.row_cache is not None for s in samples)
-    monkeypatch.setattr(_packed_rows, "MAX_CACHED_BYTES", 6 * row_cost)  # rows kept before are still read
-    np.testing.assert_array_equal(_packed_rows.PackedRows(_INFO_DTYPES, _LAYOUTS).pack(samples),
+    monkeypatch.setattr(packed_rows, "MAX_CACHED_BYTES", 6 * row_cost)  # rows kept before are still read
+    np.testing.assert_array_equal(packed_rows.PackedRows(_INFO_DTYPES, _LAYOUTS).pack(samples),
                                   _expected_rows(samples))
 
 
@@ -108,13 +108,13 @@ def test_rows_are_kept_only_while_the_table_is_within_the_bound(server, monkeypa
 ])
 def test_items_of_another_layout_are_not_packed(server, layouts):
     samples = server.table("t").sample(2)
-    assert _packed_rows.PackedRows(_INFO_DTYPES, layouts).pack(samples) is None
+    assert packed_rows.PackedRows(_INFO_DTYPES, layouts).pack(samples) is None
     assert all(s.item.row_cache is None for s in samples)
 
 
 def test_stacked_samples_are_not_packed(server):
     stacked = _stacking.StackedSamples(*(np.zeros([1], d) for d in _INFO_DTYPES), columns=[], rate_limited=False)
-    assert _packed_rows.PackedRows(_INFO_DTYPES, _LAYOUTS).pack([stacked]) is None
+    assert packed_rows.PackedRows(_INFO_DTYPES, _LAYOUTS).pack([stacked]) is None
 
 
 @pytest.mark.parametrize("batch_size", [None, 3])

@@ -38,7 +38,7 @@ from replay_tf import _inprocess_transport
 from replay_tf import _lazy_dataset
 from replay_tf.sampling import packed_rows
 from replay_tf import _sample_workers
-from replay_tf import _shared_samples
+from replay_tf.sampling import shared_samples
 from replay_tf import _signature_checks
 from replay_tf import _stacking
 from replay_tf import _transport as transport_lib
@@ -216,10 +216,10 @@ class TrajectoryDataset(_lazy_dataset.LazyDatasetV1):
         return items_dataset.ItemsDataset(self._shared_batches() or self._from_generator())
 
     def _shared_batches(self) -> Optional[tf.data.Dataset]:
-        """The batches of a table of this process through `_shared_samples`, where that changes nothing a
+        """The batches of a table of this process through `shared_samples`, where that changes nothing a
         user can tell (see its module docstring; its iterators may still read `_from_generator`'s); None
         otherwise."""
-        if (not _shared_samples.enabled() or type(self) is not TrajectoryDataset
+        if (not shared_samples.enabled() or type(self) is not TrajectoryDataset
                 or not isinstance(self._server_address, str) or not isinstance(self._table, str)
                 or self._num_workers != 1 or self._max_samples is not None or self._timeout_ms is not None
                 or not all(s.is_fully_defined() for s in self._column_shapes)):
@@ -234,7 +234,7 @@ class TrajectoryDataset(_lazy_dataset.LazyDatasetV1):
         if transport.server.table(self._table).max_times_sampled != 0:
             return None
         table = self._table
-        return _shared_samples.dataset(transport.server, self._server_address, table, self._max_in_flight, packer,
+        return shared_samples.dataset(transport.server, self._server_address, table, self._max_in_flight, packer,
                                        lambda samples: self._stack_flat(samples, None, table),
                                        self._batch_specs(None), self._from_generator(),
                                        tuple(self._column_paths))

@@ -37,7 +37,7 @@ from replay_tf import _generator_exit
 from replay_tf import _inprocess_transport
 from replay_tf import _lazy_dataset
 from replay_tf.sampling import packed_rows
-from replay_tf import _sample_workers
+from replay_tf.sampling import sample_workers
 from replay_tf.sampling import shared_samples
 from replay_tf import _signature_checks
 from replay_tf import _stacking
@@ -379,11 +379,11 @@ class TrajectoryDataset(_lazy_dataset.LazyDatasetV1):
                                                 max_samples=max_samples, stacked=stacked)
 
         # Never more than `max_samples` are taken from the table (a queue loses nothing); several workers
-        # share that budget (see `_sample_workers`).
+        # share that budget (see `sample_workers`).
         if self._num_workers == 1:
             stream = open_stream(self._max_samples)
         else:
-            stream = _sample_workers.ParallelStreams(open_stream, self._num_workers, self._max_samples,
+            stream = sample_workers.ParallelStreams(open_stream, self._num_workers, self._max_samples,
                                                      request_size=request, poll_ms=_POLL_MS)
         remaining = self._max_samples
         packer = self._packer() if packed and fully_defined and getattr(transport, "shares_items", False) else None

@@ -32,7 +32,7 @@ import tree
 
 from replay_tf import _addresses
 from replay_tf.sampling import batch_source
-from replay_tf import _buffer_pool
+from replay_tf.sampling import buffer_pool
 from replay_tf import _generator_exit
 from replay_tf import _inprocess_transport
 from replay_tf import _lazy_dataset
@@ -242,7 +242,7 @@ class TrajectoryDataset(_lazy_dataset.LazyDatasetV1):
     def batch(self, batch_size, drop_remainder=False, num_parallel_calls=None, deterministic=None, name=None):
         """`tf.data.Dataset.batch`, computed without unbatching: batches of samples are stacked once, in
         numpy, into 64-byte aligned arrays that TensorFlow adopts without copying (large ones are reused
-        once no tensor refers to them, see `_buffer_pool`). Same elements as
+        once no tensor refers to them, see `buffer_pool`). Same elements as
         `Dataset.batch` on this dataset; other arguments fall back to it."""
         simple = (num_parallel_calls is None and deterministic is None and name is None
                   and isinstance(batch_size, (int, np.integer)) and batch_size >= 1
@@ -272,7 +272,7 @@ class TrajectoryDataset(_lazy_dataset.LazyDatasetV1):
         """(the requested shape, the item's shape) of column `index` as a mismatch reports them."""
         return self._column_shapes[index], tf.TensorShape(column_shape)
 
-    def _stack(self, samples: list, pool: Optional[_buffer_pool.BufferPool] = None, table: Optional[str] = None
+    def _stack(self, samples: list, pool: Optional[buffer_pool.BufferPool] = None, table: Optional[str] = None
                ) -> ReplaySample:
         """One `ReplaySample` of arrays stacked along a new leading axis (fully defined shapes only), from a
         sample stream's batch of `table` (default: the dataset's): `SampledItem`s and `StackedSamples` (see
@@ -283,11 +283,11 @@ class TrajectoryDataset(_lazy_dataset.LazyDatasetV1):
         """The `ReplaySample` of a flat batch (the 5 `SampleInfo` columns, then the data columns)."""
         return ReplaySample(SampleInfo(*flat[:5]), tree.unflatten_as(self._data_structure, flat[5:]))
 
-    def _stack_flat(self, samples: list, pool: Optional[_buffer_pool.BufferPool], table: str) -> list:
+    def _stack_flat(self, samples: list, pool: Optional[buffer_pool.BufferPool], table: str) -> list:
         """`_stack`'s batch flat: the 5 `SampleInfo` columns, then the data columns (as `tree` flattens)."""
         count = _stacking.count_samples(samples)
         if pool is None:
-            data = [_buffer_pool.aligned_empty((count, *shape), dtype) for dtype, shape in self._column_layout]
+            data = [buffer_pool.aligned_empty((count, *shape), dtype) for dtype, shape in self._column_layout]
         else:
             data = [pool.empty((count, *shape), dtype, row_bytes)
                     for (dtype, shape), row_bytes in zip(self._column_layout, self._row_bytes)]
@@ -337,7 +337,7 @@ class TrajectoryDataset(_lazy_dataset.LazyDatasetV1):
         return packed_rows.PackedRows([numpy_dtype(d) for d in SampleInfo.tf_dtypes()], self._column_layout)
 
     def _packed_or_stacked(self, samples: list, packer: Optional[packed_rows.PackedRows],
-                           pool: Optional[_buffer_pool.BufferPool], table: str):
+                           pool: Optional[buffer_pool.BufferPool], table: str):
         """A batch as `packer` packs it (see `batch_source.packed_row_bytes`), else flat (`_stack_flat`)."""
         packed = None if packer is None else packer.pack(samples)
         return self._stack_flat(samples, pool, table) if packed is None else packed
@@ -387,7 +387,7 @@ class TrajectoryDataset(_lazy_dataset.LazyDatasetV1):
                                                      request_size=request, poll_ms=_POLL_MS)
         remaining = self._max_samples
         packer = self._packer() if packed and fully_defined and getattr(transport, "shares_items", False) else None
-        pool = _buffer_pool.BufferPool()
+        pool = buffer_pool.BufferPool()
         pending: list = []
         pending_count = 0
         try:

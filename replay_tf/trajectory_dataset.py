@@ -33,7 +33,7 @@ import tree
 from replay_tf import _addresses
 from replay_tf.sampling import batch_source
 from replay_tf.sampling import buffer_pool
-from replay_tf import _generator_exit
+from replay_tf.sampling import interpreter_exit
 from replay_tf import _inprocess_transport
 from replay_tf import _lazy_dataset
 from replay_tf.sampling import packed_rows
@@ -203,12 +203,12 @@ class TrajectoryDataset(_lazy_dataset.LazyDatasetV1):
         """The batches of `_generate_batches` (see `batch_source`); the address and table reach it as
         tensors, so that values known only when the dataset is iterated work."""
         def generate(server_address: bytes, table: bytes):
-            return _generator_exit.ending_at_exit(self._generate_flat(
+            return interpreter_exit.ending_at_exit(self._generate_flat(
                 batch_size, drop_remainder, server_address=server_address.decode(), table=table.decode(),
                 packed=True))
 
         return batch_source.batches(generate, (self._server_address, self._table), self._batch_specs(None),
-                                     wrap=_generator_exit.ending_at_exit)
+                                     wrap=interpreter_exit.ending_at_exit)
 
     def _build_dataset(self) -> tf.data.Dataset:
         # tf.data's unbatch kernel, without the map that `Dataset.unbatch` adds (see `ItemsDataset`): one

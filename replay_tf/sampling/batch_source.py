@@ -41,7 +41,7 @@ try:
 except ImportError:  # pragma: no cover  (every supported TensorFlow has it; tested by patching it away)
     _GeneratorDataset = None
 
-from replay_tf import _generator_exit
+from replay_tf.sampling import interpreter_exit
 from replay_tf import _thread_states
 from replay_tf import errors
 
@@ -59,7 +59,7 @@ def batches(make_generator: Callable, args: tuple, element_spec: Any,
     passes them: bytes for strings), each a flat list of arrays matching `element_spec` (a nest of
     `tf.TensorSpec`s) flattened by `tree`, or the packed array of such a list (see `packed_row_bytes`).
     `wrap` wraps the generator that `from_generator` runs (the one that opens and closes
-    `make_generator`'s), e.g. `_generator_exit.ending_at_exit`."""
+    `make_generator`'s), e.g. `interpreter_exit.ending_at_exit`."""
     flat_specs = tree.flatten(element_spec)
     dtypes = [spec.dtype for spec in flat_specs]
     packing = _packing(flat_specs)
@@ -153,7 +153,7 @@ def iterator_keys(start: Callable[..., Iterator], args: tuple = ()) -> tf.data.D
 
     Unlike `from_generator`'s, an iterator destroyed while the interpreter finalizes does not call Python:
     TensorFlow cannot, and would log "Error occurred when finalizing GeneratorDataset iterator" for every
-    iterator still open at exit. Once the generators of `_generator_exit` have been ended at exit, a flag
+    iterator still open at exit. Once the generators of `interpreter_exit` have been ended at exit, a flag
     kept by TensorFlow (`_exit_flag`) tells the finalizer to skip the call. (Not in TF1 graphs, which cannot
     capture the flag: their iterators end with their session.)
     """
@@ -216,7 +216,7 @@ _EXIT_FLAG_LOCK = threading.Lock()
 
 
 def _exit_flag() -> tf.Tensor:
-    """The handle of a bool variable, True once the interpreter exits (after `_generator_exit` ended the
+    """The handle of a bool variable, True once the interpreter exits (after `interpreter_exit` ended the
     generators); call it eagerly. Made as a named resource, not a `tf.Variable`: it stays while TensorFlow
     runs, whatever Python objects the interpreter has torn down, so finalizers can read it then."""
     with _EXIT_FLAG_LOCK:
@@ -234,7 +234,7 @@ def _exit_flag() -> tf.Tensor:
             except Exception:  # noqa: BLE001  (TensorFlow already torn down: nothing to tell)
                 pass
 
-        _generator_exit._GENERATORS.after_stop.append(mark_exiting)
+        interpreter_exit._GENERATORS.after_stop.append(mark_exiting)
         return handle
 
 

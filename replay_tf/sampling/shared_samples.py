@@ -40,7 +40,7 @@ import tensorflow as tf
 import tree
 
 from replay_tf.sampling import batch_source
-from replay_tf import _generator_exit
+from replay_tf.sampling import interpreter_exit
 from replay_tf import _local_servers
 from replay_tf import errors
 
@@ -317,7 +317,7 @@ def dataset(server, address: str, table: str, request: int, packer, stack: Calla
         return shared.take(tf.where(key == _SHARED_SOURCE, everything, nothing)).concatenate(
             own_source.take(tf.where(key == _OWN_SOURCE, everything, nothing)))
 
-    keys = batch_source.iterator_keys(lambda: _generator_exit.ending_at_exit(start()))
+    keys = batch_source.iterator_keys(lambda: interpreter_exit.ending_at_exit(start()))
     batches = keys.flat_map(per_iterator)
     batches._shared_samples = samples  # (kept while the dataset is)
     return batches
@@ -325,8 +325,8 @@ def dataset(server, address: str, table: str, request: int, packer, stack: Calla
 
 def _close_all() -> None:
     """At exit: ends every feeder and the queues' readers before the interpreter finalizes (the sample
-    generators of `_generator_exit` are told to end first, and its exit wait starts after this)."""
-    generators = _generator_exit._GENERATORS
+    generators of `interpreter_exit` are told to end first, and its exit wait starts after this)."""
+    generators = interpreter_exit._GENERATORS
     generators.exiting.set()
     with _LOCK:
         shared = list(_SHARED.values())

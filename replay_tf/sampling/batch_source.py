@@ -7,7 +7,7 @@ interleaves up to 32 of them, a few samples each). Here `from_generator` only op
 generator (it yields one key per iterator, so the generator is closed with its iterator), and each
 element is one stateful `numpy_function` call that hands the generator's arrays to TensorFlow as they are,
 or, for elements of small numeric rows, packed side by side into one array that the graph splits again
-(`_packing`). The threads that call it keep their Python thread state between calls (`_thread_states`).
+(`_packing`). The threads that call it keep their Python thread state between calls (`thread_states`).
 A generator that can build that packed array more cheaply than from its columns (say, from rows it keeps
 packed, see `packed_rows`) may yield it instead of the flat list (see `packed_row_bytes`).
 
@@ -42,7 +42,7 @@ except ImportError:  # pragma: no cover  (every supported TensorFlow has it; tes
     _GeneratorDataset = None
 
 from replay_tf.sampling import interpreter_exit
-from replay_tf import _thread_states
+from replay_tf.sampling import thread_states
 from replay_tf import errors
 
 # The generators of live iterators, by key (each iterator's `iterator_keys` holds its key).
@@ -76,7 +76,7 @@ def batches(make_generator: Callable, args: tuple, element_spec: Any,
             generator.close()
 
     def next_element(key: np.ndarray) -> list:
-        _thread_states.keep()  # (the next call on this tf.data thread reuses its Python thread state)
+        thread_states.keep()  # (the next call on this tf.data thread reuses its Python thread state)
         generator = _SOURCES.get(int(key))
         try:
             element = None if generator is None else next(generator, None)

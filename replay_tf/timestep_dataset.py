@@ -12,7 +12,7 @@ import tensorflow as tf
 import tree
 
 from replay_tf import _lazy_dataset
-from replay_tf._signature_checks import table_signature
+from replay_tf.sampling.signature_checks import table_signature
 from replay_tf.replay_sample import ReplaySample
 from replay_tf.replay_sample import SampleInfo
 from replay_tf.trajectory_dataset import TrajectoryDataset

@@ -39,11 +39,11 @@ from replay_tf import _lazy_dataset
 from replay_tf.sampling import packed_rows
 from replay_tf.sampling import sample_workers
 from replay_tf.sampling import shared_samples
-from replay_tf import _signature_checks
+from replay_tf.sampling import signature_checks
 from replay_tf import _stacking
 from replay_tf import _transport as transport_lib
 from replay_tf import errors
-from replay_tf._signature_checks import numpy_dtype
+from replay_tf.sampling.signature_checks import numpy_dtype
 from replay_tf.replay_sample import ReplaySample
 from replay_tf.replay_sample import SampleInfo
 from rlds_tf.patterns import items_dataset
@@ -165,7 +165,7 @@ class TrajectoryDataset(_lazy_dataset.LazyDatasetV1):
                              max_samples: int = -1, *, stacked_samples: Optional[bool] = None
                              ) -> "TrajectoryDataset":
         """A dataset whose dtypes and shapes come from the table's signature."""
-        signature = _signature_checks.table_signature(server_address, table, get_signature_timeout_secs)
+        signature = signature_checks.table_signature(server_address, table, get_signature_timeout_secs)
         return cls(server_address=server_address, table=table,
                    shapes=tree.map_structure(lambda x: x.shape, signature),
                    dtypes=tree.map_structure(lambda x: x.dtype, signature),
@@ -181,7 +181,7 @@ class TrajectoryDataset(_lazy_dataset.LazyDatasetV1):
 
     def _validate_against_signature(self) -> None:
         """ValueError when the table has a signature that the requested dtypes/shapes contradict."""
-        _signature_checks.check_requested(self._server_address, self._table, self._column_paths,
+        signature_checks.check_requested(self._server_address, self._table, self._column_paths,
                                           self._column_dtypes, self._signature_shapes())
 
     def _check_item(self, item, table: str) -> None:
@@ -264,8 +264,8 @@ class TrajectoryDataset(_lazy_dataset.LazyDatasetV1):
 
     def _check_columns(self, columns: list, table: str) -> None:
         """InvalidArgument (a ValueError in the generator) for columns of `table` that this dataset cannot
-        yield (see `_signature_checks.check_received`)."""
-        _signature_checks.check_received(columns, table, self._column_paths, self._column_dtypes,
+        yield (see `signature_checks.check_received`)."""
+        signature_checks.check_received(columns, table, self._column_paths, self._column_dtypes,
                                          self._column_shapes, self._reported_shapes)
 
     def _reported_shapes(self, index: int, column_shape: tuple) -> tuple:

@@ -8,7 +8,7 @@ from replay_tf.sampling import packed_rows
 from replay_tf import _stacking
 from replay_tf import _transport as transport_lib
 from replay_tf.grpc import client_transport
-from replay_tf._signature_checks import numpy_dtype
+from replay_tf.sampling.signature_checks import numpy_dtype
 from replay_tf.replay_sample import SampleInfo
 
 _INFO_DTYPES = [numpy_dtype(d) for d in SampleInfo.tf_dtypes()]

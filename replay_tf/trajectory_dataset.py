@@ -40,7 +40,7 @@ from replay_tf.sampling import packed_rows
 from replay_tf.sampling import sample_workers
 from replay_tf.sampling import shared_samples
 from replay_tf.sampling import signature_checks
-from replay_tf import _stacking
+from replay_tf.sampling import stacking
 from replay_tf import _transport as transport_lib
 from replay_tf import errors
 from replay_tf.sampling.signature_checks import numpy_dtype
@@ -276,7 +276,7 @@ class TrajectoryDataset(_lazy_dataset.LazyDatasetV1):
                ) -> ReplaySample:
         """One `ReplaySample` of arrays stacked along a new leading axis (fully defined shapes only), from a
         sample stream's batch of `table` (default: the dataset's): `SampledItem`s and `StackedSamples` (see
-        `_stacking`)."""
+        `stacking`)."""
         return self._unflatten(self._stack_flat(samples, pool, self._table if table is None else table))
 
     def _unflatten(self, flat: list) -> ReplaySample:
@@ -285,7 +285,7 @@ class TrajectoryDataset(_lazy_dataset.LazyDatasetV1):
 
     def _stack_flat(self, samples: list, pool: Optional[buffer_pool.BufferPool], table: str) -> list:
         """`_stack`'s batch flat: the 5 `SampleInfo` columns, then the data columns (as `tree` flattens)."""
-        count = _stacking.count_samples(samples)
+        count = stacking.count_samples(samples)
         if pool is None:
             data = [buffer_pool.aligned_empty((count, *shape), dtype) for dtype, shape in self._column_layout]
         else:
@@ -294,7 +294,7 @@ class TrajectoryDataset(_lazy_dataset.LazyDatasetV1):
         infos = []
         pos = 0
         for run in _runs(samples):
-            if type(run) is _stacking.StackedSamples:
+            if type(run) is stacking.StackedSamples:
                 # (row 0: every row has its dtype and shape)
                 self._check_columns([c[0] for c in run.columns], table)
                 for out, column in zip(data, run.columns):
@@ -318,7 +318,7 @@ class TrajectoryDataset(_lazy_dataset.LazyDatasetV1):
             for cols in per_item:
                 self._check_columns(cols, table)  # (raises for the first item of another column count)
         for i, out in enumerate(data):
-            if not _stacking.gather_column(items, i, out):
+            if not stacking.gather_column(items, i, out):
                 if per_item is None:
                     per_item = [item.column_arrays() for item in items]
                     self._check_columns(per_item[0], table)
@@ -399,17 +399,17 @@ class TrajectoryDataset(_lazy_dataset.LazyDatasetV1):
                 if not batch:  # still blocked: let tf.data check for cancellation
                     yield self._empty_flat()
                     continue
-                count = _stacking.count_samples(batch)
+                count = stacking.count_samples(batch)
                 if remaining is not None:
                     if count > remaining:
-                        batch, _ = _stacking.split_samples(batch, remaining)
+                        batch, _ = stacking.split_samples(batch, remaining)
                         count = remaining
                     remaining -= count
                 if batch_size is not None:
                     pending.extend(batch)
                     pending_count += count
                     while pending_count >= batch_size:
-                        head, pending = _stacking.split_samples(pending, batch_size)
+                        head, pending = stacking.split_samples(pending, batch_size)
                         pending_count -= batch_size
                         yield self._packed_or_stacked(head, packer, pool, table)
                 elif fully_defined:
@@ -463,7 +463,7 @@ def _runs(samples: list) -> list:
     runs: list = []
     start = 0
     for i, sample in enumerate(samples):
-        if type(sample) is _stacking.StackedSamples:
+        if type(sample) is stacking.StackedSamples:
             if i > start:
                 runs.append(samples[start:i])
             runs.append(sample)

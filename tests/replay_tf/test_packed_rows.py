@@ -5,7 +5,7 @@ import tensorflow as tf
 
 import replay_tf as reverb
 from replay_tf.sampling import packed_rows
-from replay_tf import _stacking
+from replay_tf.sampling import stacking
 from replay_tf import _transport as transport_lib
 from replay_tf.grpc import client_transport
 from replay_tf.sampling.signature_checks import numpy_dtype
@@ -113,7 +113,7 @@ def test_items_of_another_layout_are_not_packed(server, layouts):
 
 
 def test_stacked_samples_are_not_packed(server):
-    stacked = _stacking.StackedSamples(*(np.zeros([1], d) for d in _INFO_DTYPES), columns=[], rate_limited=False)
+    stacked = stacking.StackedSamples(*(np.zeros([1], d) for d in _INFO_DTYPES), columns=[], rate_limited=False)
     assert packed_rows.PackedRows(_INFO_DTYPES, _LAYOUTS).pack([stacked]) is None
 
 

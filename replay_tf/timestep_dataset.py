@@ -11,7 +11,7 @@ from typing import Any, Optional, Union
 import tensorflow as tf
 import tree
 
-from replay_tf import _lazy_dataset
+from replay_tf.sampling import lazy_dataset
 from replay_tf.sampling.signature_checks import table_signature
 from replay_tf.replay_sample import ReplaySample
 from replay_tf.replay_sample import SampleInfo
@@ -40,7 +40,7 @@ class _Items(TrajectoryDataset):
         return self._timestep_shapes[index], tf.TensorShape(column_shape[1:])
 
 
-class TimestepDataset(_lazy_dataset.LazyDatasetV1):
+class TimestepDataset(lazy_dataset.LazyDatasetV1):
     """A `tf.data.Dataset` of `ReplaySample`s, one per timestep of each sampled item, in order; `info`
     (scalars) is that of the item. Arguments as `TrajectoryDataset`'s, with `dtypes` and `shapes` of one
     timestep; `max_samples` counts items. A `tf.compat.v1.data.Dataset`, as `TrajectoryDataset`.

@@ -35,7 +35,7 @@ from replay_tf.sampling import batch_source
 from replay_tf.sampling import buffer_pool
 from replay_tf.sampling import interpreter_exit
 from replay_tf import _inprocess_transport
-from replay_tf import _lazy_dataset
+from replay_tf.sampling import lazy_dataset
 from replay_tf.sampling import packed_rows
 from replay_tf.sampling import sample_workers
 from replay_tf.sampling import shared_samples
@@ -78,11 +78,11 @@ def _info_arrays(batch: list) -> SampleInfo:
         times_sampled=np.fromiter(map(operator.itemgetter(2), batch), np.int32, n))
 
 
-class TrajectoryDataset(_lazy_dataset.LazyDatasetV1):
+class TrajectoryDataset(lazy_dataset.LazyDatasetV1):
     """Reverb's `reverb.TrajectoryDataset`: samples of `table` as `ReplaySample(info, data)`.
 
     A `tf.compat.v1.data.Dataset`, as Reverb's: TF1 graphs iterate it with `make_one_shot_iterator()` or
-    `make_initializable_iterator()` (see `_lazy_dataset`).
+    `make_initializable_iterator()` (see `lazy_dataset`).
 
     Args:
       server_address: `host:port` of the server: a str or a scalar string tensor.
@@ -260,7 +260,7 @@ class TrajectoryDataset(_lazy_dataset.LazyDatasetV1):
                 dataset = dataset.map(_ensure_batch_size(self._batch_specs(batch_size)))
             return dataset
 
-        return _lazy_dataset.DatasetV1(build, self._batch_specs(batch_size if drop_remainder else None))
+        return lazy_dataset.DatasetV1(build, self._batch_specs(batch_size if drop_remainder else None))
 
     def _check_columns(self, columns: list, table: str) -> None:
         """InvalidArgument (a ValueError in the generator) for columns of `table` that this dataset cannot

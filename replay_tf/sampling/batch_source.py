@@ -7,7 +7,7 @@ interleaves up to 32 of them, a few samples each). Here `from_generator` only op
 generator (it yields one key per iterator, so the generator is closed with its iterator), and each
 element is one stateful `numpy_function` call that hands the generator's arrays to TensorFlow as they are,
 or, for elements of small numeric rows, packed side by side into one array that the graph splits again
-(`_packing`). The threads that call it keep their Python thread state between calls (`thread_states`).
+(`packed_layout`). The threads that call it keep their Python thread state between calls (`thread_states`).
 A generator that can build that packed array more cheaply than from its columns (say, from rows it keeps
 packed, see `packed_rows`) may yield it instead of the flat list (see `packed_row_bytes`).
 
@@ -62,7 +62,7 @@ def batches(make_generator: Callable, args: tuple, element_spec: Any,
     `make_generator`'s), e.g. `interpreter_exit.ending_at_exit`."""
     flat_specs = tree.flatten(element_spec)
     dtypes = [spec.dtype for spec in flat_specs]
-    packing = _packing(flat_specs)
+    packing = packed_layout(flat_specs)
 
     def start(*generator_args):
         generator = make_generator(*generator_args)
@@ -92,12 +92,12 @@ def batches(make_generator: Callable, args: tuple, element_spec: Any,
                 raise ValueError(f"a packed batch must be uint8 of shape [rows, {packing[0]}], got "
                                  f"{element.dtype} of shape {list(element.shape)}")
             return element
-        return _pack(element, packing)
+        return pack(element, packing)
 
     @tf.autograph.experimental.do_not_convert
     def read(key: tf.Tensor):
         if packing is not None:
-            return tree.unflatten_as(element_spec, _unpack(
+            return tree.unflatten_as(element_spec, unpack(
                 tf.numpy_function(next_element, [key], tf.uint8, stateful=True), flat_specs, packing))
         values = tf.numpy_function(next_element, [key], dtypes, stateful=True)
         for value, spec in zip(values, flat_specs):
@@ -238,19 +238,19 @@ def _exit_flag() -> tf.Tensor:
         return handle
 
 
-# Elements of at most this many bytes per row travel as one packed array (see `_packing`).
+# Elements of at most this many bytes per row travel as one packed array (see `packed_layout`).
 _MAX_PACKED_ROW_BYTES = 1024  # (larger rows are copied once more than they save)
 
 
 def packed_row_bytes(element_spec: Any) -> Optional[int]:
     """The bytes per row of the packed uint8 array `batches` hands over for elements of `element_spec`
-    (each component's row bytes side by side, in `tree.flatten` order, see `_packing`), or None when such
+    (each component's row bytes side by side, in `tree.flatten` order, see `packed_layout`), or None when such
     elements are handed over as they are. A generator may yield that packed array itself."""
-    packing = _packing(tree.flatten(element_spec))
+    packing = packed_layout(tree.flatten(element_spec))
     return None if packing is None else packing[0]
 
 
-def _packing(flat_specs: list):
+def packed_layout(flat_specs: list):
     """`(row_bytes, widths, layouts)` (each spec's elements per row and `(numpy dtype, row shape)`) when every
     spec is numeric (or bool) of one unknown leading dimension and fully defined otherwise, with rows of at
     most `_MAX_PACKED_ROW_BYTES`: such elements are handed over as one uint8 array of `[rows, row_bytes]`
@@ -273,8 +273,8 @@ def _packing(flat_specs: list):
     return row_bytes, widths, layouts
 
 
-def _pack(element: list, packing: tuple) -> np.ndarray:
-    """A flat element's arrays as one packed uint8 array (see `_packing`).
+def pack(element: list, packing: tuple) -> np.ndarray:
+    """A flat element's arrays as one packed uint8 array (see `packed_layout`).
 
     Raises:
       TypeError: a component of another dtype than its spec's.
@@ -292,11 +292,11 @@ def _pack(element: list, packing: tuple) -> np.ndarray:
             raise ValueError(f"component {i} of a batch has shape {list(array.shape)}, expected "
                              f"{[rows, *shape]} ({rows} rows, as component 0)")
         parts.append(np.ascontiguousarray(array).reshape(rows, width).view(np.uint8))
-    return np.concatenate(parts, axis=1)  # (`_packing` packs at least one component)
+    return np.concatenate(parts, axis=1)  # (`packed_layout` packs at least one component)
 
 
-def _unpack(packed: tf.Tensor, flat_specs: list, packing: tuple) -> list:
-    """The components of a packed element (see `_packing`), in as few ops as the dtypes allow: every op of
+def unpack(packed: tf.Tensor, flat_specs: list, packing: tuple) -> list:
+    """The components of a packed element (see `packed_layout`), in as few ops as the dtypes allow: every op of
     the traced function runs once per element, and TF-Agents' pipelines hand over a few samples per
     element. A multi-byte component is one reshape to `[rows, *shape, itemsize]` and one bitcast (only the
     bitcast for a scalar one, whose bytes are already `[rows, itemsize]`)."""

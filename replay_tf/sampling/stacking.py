@@ -428,20 +428,3 @@ def _checked(info: list, columns: list) -> StackedSamples:
 def count_samples(batch: list) -> int:
     """The number of samples in a sample stream's batch: `SampledItem`s count one, `StackedSamples` their rows."""
     return sum(len(x) if type(x) is StackedSamples else 1 for x in batch)
-
-
-def split_samples(batch: list, n: int) -> tuple:
-    """`(first, rest)`: the first `n` samples of a batch (`count_samples`) and the others, splitting a
-    `StackedSamples` across the two if need be."""
-    if len(batch) >= n and not any(type(x) is StackedSamples for x in batch[:n]):
-        return batch[:n], batch[n:]
-    taken = 0
-    for i, piece in enumerate(batch):
-        size = len(piece) if type(piece) is StackedSamples else 1
-        if taken + size > n:
-            k = n - taken
-            return batch[:i] + [piece.rows(0, k)], [piece.rows(k, size)] + batch[i + 1:]
-        taken += size
-        if taken == n:
-            return batch[:i + 1], batch[i + 1:]
-    return batch, []

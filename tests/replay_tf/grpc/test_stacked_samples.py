@@ -10,6 +10,7 @@ from google.protobuf import message as protobuf_message
 
 import replay_tf as reverb
 from replay_tf import _addresses
+from replay_tf.sampling import per_iterator
 from replay_tf.sampling import stacking
 from replay_tf import _transport as transport_lib
 from replay_tf.core import chunk_store
@@ -289,13 +290,13 @@ def _stacked(keys) -> stacking.StackedSamples:
 def test_split_and_count_samples_over_stacked_and_single_samples():
     batch = ["a", _stacked([1, 2, 3]), "b", _stacked([4, 5])]
     assert stacking.count_samples(batch) == 7
-    first, rest = stacking.split_samples(batch, 3)
+    first, rest = per_iterator.split_samples(batch, 3)
     assert first[0] == "a" and first[1].keys.tolist() == [1, 2] and stacking.count_samples(first) == 3
     assert rest[0].keys.tolist() == [3] and rest[1:3] == ["b", rest[2]] and rest[2].keys.tolist() == [4, 5]
     assert rest[0].columns[0].tolist() == [[3, 3]]
-    assert stacking.split_samples(batch, 4) == (batch[:2], batch[2:])
-    assert stacking.split_samples(batch, 9) == (batch, [])
-    assert stacking.split_samples(["a", "b", "c"], 2) == (["a", "b"], ["c"])
+    assert per_iterator.split_samples(batch, 4) == (batch[:2], batch[2:])
+    assert per_iterator.split_samples(batch, 9) == (batch, [])
+    assert per_iterator.split_samples(["a", "b", "c"], 2) == (["a", "b"], ["c"])
 
 
 def test_a_batch_of_stacked_and_single_samples_stacks_in_order():

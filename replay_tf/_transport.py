@@ -73,7 +73,7 @@ class Transport(Protocol):
                            max_samples: Optional[int] = None, stacked: bool = False) -> SampleStream:
         """A stream that takes at most `max_samples` samples from the table in all (None: no limit), so a
         caller that wants N samples never removes more than N items from a queue. With `stacked`, its
-        batches may also hold `stacking.StackedSamples` (several samples each, see `count_samples`)."""
+        batches may also hold `stacked_samples.StackedSamples` (several samples each, see `count_samples`)."""
 
     def mutate_priorities(self, table: str, updates: list, deletes: list) -> None: ...
 

@@ -17,6 +17,7 @@ from typing import Callable, Iterator, Optional
 import grpc
 
 from replay_tf.sampling import stacking
+from replay_tf.wire import stacked_samples
 from replay_tf import errors
 from replay_tf.core import table as table_lib
 from replay_tf.grpc import common
@@ -155,13 +156,13 @@ class SampleStreams:
             stop = min(len(batch), start + max(1, _RESPONSE_TARGET_BYTES // per_sample))
             group, start = batch[start:stop], stop
             items = [s.item for s in group]
-            layout = stacking.StackedLayout(group, layouts)
+            layout = stacked_samples.StackedLayout(group, layouts)
             if ring is not None and layout.size <= ring.slot_bytes:
                 acquired = ring.acquire(cancelled.is_set)
                 if acquired is None:
                     raise statuses.client_gone()
                 slot, buffer = acquired
-                fits = layout.gather_into(buffer, items, tensors_of, pending_of)
+                fits = stacking.gather_into(layout, buffer, items, tensors_of, pending_of)
                 del buffer
                 if fits:
                     ring.publish(slot)

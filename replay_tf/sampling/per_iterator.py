@@ -21,8 +21,8 @@ from replay_tf.sampling import buffer_pool
 from replay_tf.sampling import interpreter_exit
 from replay_tf.sampling import sample_workers
 from replay_tf.sampling.stacker import Stacker
-from replay_tf.sampling.stacking import StackedSamples
-from replay_tf.sampling.stacking import count_samples
+from replay_tf.wire.stacked_samples import StackedSamples
+from replay_tf.wire.stacked_samples import count_samples
 
 # How long (milliseconds) a blocked sampler waits before yielding control back to tf.data.
 POLL_MS = 100

@@ -19,8 +19,8 @@ from replay_tf.sampling import buffer_pool
 from replay_tf.sampling import packed_rows
 from replay_tf.sampling import signature_checks
 from replay_tf.sampling import stacking
-from replay_tf.sampling.stacking import StackedSamples
-from replay_tf.sampling.stacking import count_samples
+from replay_tf.wire.stacked_samples import StackedSamples
+from replay_tf.wire.stacked_samples import count_samples
 
 _get_key = operator.attrgetter("key")
 _INFO_DTYPES = [signature_checks.numpy_dtype(d) for d in SampleInfo.tf_dtypes()]

@@ -5,10 +5,10 @@ import tensorflow as tf
 
 import replay_tf as reverb
 from replay_tf.sampling import packed_rows
-from replay_tf.sampling import stacking
 from replay_tf import _transport as transport_lib
 from replay_tf.grpc import client_transport
 from replay_tf.sampling.signature_checks import numpy_dtype
+from replay_tf.wire import stacked_samples
 from replay_tf.replay_sample import SampleInfo
 
 _INFO_DTYPES = [numpy_dtype(d) for d in SampleInfo.tf_dtypes()]
@@ -113,7 +113,7 @@ def test_items_of_another_layout_are_not_packed(server, layouts):
 
 
 def test_stacked_samples_are_not_packed(server):
-    stacked = stacking.StackedSamples(*(np.zeros([1], d) for d in _INFO_DTYPES), columns=[], rate_limited=False)
+    stacked = stacked_samples.StackedSamples(*(np.zeros([1], d) for d in _INFO_DTYPES), columns=[], rate_limited=False)
     assert packed_rows.PackedRows(_INFO_DTYPES, _LAYOUTS).pack([stacked]) is None
 
 

@@ -15,6 +15,7 @@ import tensorflow as tf
 
 import replay_tf as reverb
 from replay_tf.sampling import stacking
+from replay_tf.wire import stacked_samples
 from replay_tf import _transport as transport_lib
 from replay_tf import errors
 from replay_tf.core import chunk_store
@@ -111,14 +112,14 @@ def test_slots_are_the_inline_response_byte_for_byte():
         rows.append((frames, actions[1]))
     tensors_of = lambda chunk: chunk.tensors  # noqa: E731
     layouts = stacking.column_layouts(items[0].item, tensors_of, chunk_codec.pending_tensors)
-    layout = stacking.StackedLayout(items, layouts)
+    layout = stacked_samples.StackedLayout(items, layouts)
     columns = stacking.stack_items([s.item for s in items], layouts, tensors_of, chunk_codec.pending_tensors)
     inline = layout.join(columns)
-    assert inline == stacking.stacked_response(items, columns) and len(inline) == layout.size
+    assert inline == stacked_samples.stacked_response(items, columns) and len(inline) == layout.size
     buffer = memoryview(bytearray(layout.size + 10))
-    assert layout.gather_into(buffer, [s.item for s in items], tensors_of, chunk_codec.pending_tensors)
+    assert stacking.gather_into(layout, buffer, [s.item for s in items], tensors_of, chunk_codec.pending_tensors)
     assert bytes(buffer[:layout.size]) == inline
-    read = stacking.read_stacked_response(inline)
+    read = stacked_samples.read_stacked_response(inline)
     np.testing.assert_array_equal(read.columns[0], [frames for frames, _ in rows])
     np.testing.assert_array_equal(read.columns[1], [action for _, action in rows])
     assert read.keys.tolist() == [1, 2, 3] and read.rate_limited.tolist() == [False, True, False]

@@ -234,7 +234,7 @@ def _exit_flag() -> tf.Tensor:
             except Exception:  # noqa: BLE001  (TensorFlow already torn down: nothing to tell)
                 pass
 
-        interpreter_exit._GENERATORS.after_stop.append(mark_exiting)
+        interpreter_exit.register(mark_exiting, after_generators_end=True)
         return handle
 
 

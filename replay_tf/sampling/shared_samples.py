@@ -29,10 +29,8 @@ with the type and message the per-iterator source raises (both go through `batch
 """
 from __future__ import annotations
 
-import atexit
 import os
 import threading
-import time
 from typing import Optional
 
 import numpy as np
@@ -350,16 +348,11 @@ def _wake_count(open_count: int) -> int:
 
 
 def _close_all() -> None:
-    """At exit: ends every feeder and the queues' readers before the interpreter finalizes (the sample
-    generators of `interpreter_exit` are told to end first, and its exit wait starts after this)."""
-    generators = interpreter_exit._GENERATORS
-    generators.exiting.set()
+    """At exit (see `interpreter_exit`): ends every feeder and the queues' readers."""
     with _LOCK:
         shared = list(_SHARED.values())
     for samples in shared:
         samples.close(join_s=1.0)
-    with generators.cv:
-        generators.changed = time.monotonic()  # (readers woken here may still enter Python: wait quietly)
 
 
 def _after_fork() -> None:
@@ -375,6 +368,6 @@ def _after_fork() -> None:
     _SHARED.clear()
 
 
-atexit.register(_close_all)
+interpreter_exit.register(_close_all)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork)

@@ -61,8 +61,8 @@ class SampleStream(Protocol):
 class Transport(Protocol):
     """What a `Client` needs from a server connection."""
 
-    #: Whether sampled items are the tables' own (in-process), so that what a sampler keeps on an item
-    #: (`Item.row_cache`) serves its later samples. Remote streams build new items for every sample.
+    #: Whether sampled items are the tables' own (in-process), so that what a sampler keeps for an item
+    #: (`sampling.packed_rows`) serves its later samples. Remote streams build new items for every sample.
     shares_items: bool
 
     def open_insert_stream(self) -> InsertStream: ...

@@ -1,10 +1,14 @@
 """`sampling.sources`: the source of a dataset's batches, picked once when the dataset is built (shared where
-nothing a user can tell changes, per iterator otherwise)."""
+nothing a user can tell changes, per iterator otherwise), and the rows `packed_rows` keeps for items."""
+import gc
+import weakref
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import replay_tf as reverb
+from replay_tf.sampling import packed_rows
 from replay_tf.sampling.per_iterator import PerIteratorBatches
 from replay_tf.sampling.shared_samples import SharedBatches
 from replay_tf.timestep_dataset import _Items
@@ -71,5 +75,24 @@ def test_variable_shapes_and_timestep_items_are_read_per_iterator():
         assert isinstance(timesteps._items, _Items) and type(timesteps._items._batches) is PerIteratorBatches
         steps = [int(s.data["step"]) for s in timesteps.take(2)]  # (the two timesteps of one item)
         assert steps[1] == steps[0] + 1
+    finally:
+        server.stop()
+
+
+def test_a_kept_row_goes_with_its_item():
+    server, client = _server()
+    try:
+        packer = packed_rows.PackedRows([np.uint64, np.float64, np.int64, np.float64, np.int32],
+                                        [(np.float32, (2, 3)), (np.int64, (2,))])
+        samples = server.table("t").sample(20)
+        assert packer.pack(samples) is not None
+        items = {s.item.key: weakref.ref(s.item) for s in samples}
+        ids = {key: id(ref()) for key, ref in items.items()}
+        assert all(packer.kept_row(ref()) is not None for ref in items.values())
+        del samples
+        client.reset("t")
+        gc.collect()
+        assert all(ref() is None for ref in items.values())
+        assert not set(ids.values()) & set(packer._kept.rows)
     finally:
         server.stop()

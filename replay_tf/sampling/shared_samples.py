@@ -20,12 +20,13 @@ Used only where that changes nothing a user can tell (`sources.shared_table_serv
 process known by name when the dataset is built, eagerly, with items that are never deleted by sampling
 (`max_times_sampled` 0: a queue's items must reach the iterator that took them), small numeric columns of
 a fixed shape (packed, see `batch_source`), one worker per iterator, no sample limit and no rate-limiter
-timeout. Each iterator decides when it opens: while the server found when the dataset was
-built still runs and holds the same table, and no error ended the feeder, it reads the shared queue;
-otherwise (a server stopped and another started on that port, say) it reads through the per-iterator
-source (`per_iterator`), exactly as with `REPLAY_TF_SHARED_SAMPLES=0`, which turns this off. An error in the feeder (the
-server stopped, an item of another shape) closes the queue: the iterators reading it raise that error,
-with the type and message the per-iterator source raises (both go through `batch_source`'s ends).
+timeout. Each iterator decides when it opens: while the server found when the dataset was built still
+runs and holds the same table, and no error ended the feeder, it reads the shared queue; otherwise (a
+server stopped and another started on that port, say) it reads through the per-iterator source
+(`per_iterator`), exactly as with `REPLAY_TF_SHARED_SAMPLES=0`, which turns this off. An error in the
+feeder (the server stopped, an item of another shape) closes the queue: the iterators reading it raise
+that error, with the type and message the per-iterator source raises (both go through `batch_source`'s
+ends).
 """
 from __future__ import annotations
 

@@ -67,10 +67,12 @@ def test_variable_shapes_and_timestep_items_are_read_per_iterator():
     server, _ = _server()
     try:
         address = f"localhost:{server.port}"
-        variable = reverb.TrajectoryDataset(address, "t", _DTYPES, {"obs": tf.TensorShape([None, 3]), "step": tf.TensorShape([None])},
+        variable = reverb.TrajectoryDataset(address, "t", _DTYPES,
+                                            {"obs": tf.TensorShape([None, 3]), "step": tf.TensorShape([None])},
                                             max_in_flight_samples_per_worker=3)
         assert type(variable._batches) is PerIteratorBatches
-        timesteps = reverb.TimestepDataset(address, "t", _DTYPES, {"obs": tf.TensorShape([3]), "step": tf.TensorShape([])},
+        timesteps = reverb.TimestepDataset(address, "t", _DTYPES,
+                                           {"obs": tf.TensorShape([3]), "step": tf.TensorShape([])},
                                            max_in_flight_samples_per_worker=3)
         assert isinstance(timesteps._items, _Items) and type(timesteps._items._batches) is PerIteratorBatches
         steps = [int(s.data["step"]) for s in timesteps.take(2)]  # (the two timesteps of one item)

@@ -13,8 +13,8 @@ steps per step), of a small `Trajectory`-like step (observation f32[4], scalars)
 - the same pipeline over sources that do no work (one numpy_function call per batch of
   `3 * (64 // N)` samples returning a prepared array): the rate no source handing its batches over through
   `numpy_function` can pass (ours, on a table of this process, hands them over through a queue instead,
-  `replay_tf/_shared_samples.py`), next to dm-reverb's real one; for N = 32 also with sources whose
-  threads do not keep their Python state (`replay_tf/_thread_states.py`);
+  `replay_tf/sampling/shared_samples.py`), next to dm-reverb's real one; for N = 32 also with sources whose
+  threads do not keep their Python state (`replay_tf/sampling/thread_states.py`);
 - TF-Agents' DQN tutorial loop's replay part: one step appended and one item created, then one
   `next(iterator)` of the N = 32 dataset (seconds per 1,500 iterations; lower is better).
 
@@ -306,7 +306,7 @@ def _prelude(shapes, seconds: float, num_items: int) -> str:
 
 def _run_ours(shapes, seconds: float, num_items: int) -> dict:
     return _run_here("import replay_tf as reverb\n"
-                     "from replay_tf._thread_states import keep as keep_thread_state\nKEEPS_THREAD_STATES = True\n"
+                     "from replay_tf.sampling.thread_states import keep as keep_thread_state\nKEEPS_THREAD_STATES = True\n"
                      + _prelude(shapes, seconds, num_items) + WORKLOAD)
 
 

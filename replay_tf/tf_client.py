@@ -17,7 +17,7 @@ import tensorflow as tf
 import tree
 
 from replay_tf import errors
-from replay_tf._signature_checks import type_name
+from replay_tf.sampling.signature_checks import type_name
 from replay_tf.client import Client
 from replay_tf.replay_sample import ReplaySample
 from replay_tf.replay_sample import SampleInfo

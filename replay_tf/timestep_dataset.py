@@ -11,16 +11,20 @@ from typing import Any, Optional, Union
 import tensorflow as tf
 import tree
 
-from replay_tf import _lazy_dataset
-from replay_tf._signature_checks import table_signature
+from replay_tf.sampling import lazy_dataset
+from replay_tf.sampling.signature_checks import table_signature
 from replay_tf.replay_sample import ReplaySample
 from replay_tf.replay_sample import SampleInfo
+from replay_tf.sampling.stacker import Stacker
 from replay_tf.trajectory_dataset import TrajectoryDataset
 
 
 class _Items(TrajectoryDataset):
     """The sampled items behind a `TimestepDataset`: columns `[timesteps, *timestep shape]`, checked against a
     table signature as timesteps (Reverb's timestep tables have one-timestep signatures)."""
+
+    # (items of any length are yielded one by one: a shared feeder stacks batches of fixed shapes only)
+    _MAY_SHARE_SAMPLES = False
 
     def __init__(self, *args, timestep_shapes: list, **kwargs):
         self._timestep_shapes = timestep_shapes
@@ -29,18 +33,12 @@ class _Items(TrajectoryDataset):
     def _signature_shapes(self) -> list:
         return self._timestep_shapes
 
-    def _check_item(self, item, table: str) -> None:
-        squeezed = [column.squeeze for column in item.trajectory]
-        if any(squeezed):
-            raise ValueError(f"Sampled trajectory cannot be decomposed into timesteps: item {item.key} of table "
-                             f"'{table}' has squeezed columns {[i for i, s in enumerate(squeezed) if s]}")
-
-    def _reported_shapes(self, index: int, column_shape: tuple) -> tuple:
-        # (as Reverb reports them: per timestep)
-        return self._timestep_shapes[index], tf.TensorShape(column_shape[1:])
+    def _new_stacker(self) -> Stacker:
+        return Stacker(self._column_paths, self._column_dtypes, self._column_shapes,
+                       timestep_shapes=self._timestep_shapes)
 
 
-class TimestepDataset(_lazy_dataset.LazyDatasetV1):
+class TimestepDataset(lazy_dataset.LazyDatasetV1):
     """A `tf.data.Dataset` of `ReplaySample`s, one per timestep of each sampled item, in order; `info`
     (scalars) is that of the item. Arguments as `TrajectoryDataset`'s, with `dtypes` and `shapes` of one
     timestep; `max_samples` counts items. A `tf.compat.v1.data.Dataset`, as `TrajectoryDataset`.

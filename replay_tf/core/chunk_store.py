@@ -235,12 +235,10 @@ class Item:
     does no look-ups and an item is only a few objects (the garbage collector's full passes scan every live
     container, so items that are many small objects slow down every Python program that holds many of
     them). `trajectory` (the flat trajectory of `ChunkSlice`s) and `chunks` (chunk key -> `Chunk`) are
-    derived from it on access. `row_cache` is for samplers in this process: `(layout, bytes)` of the
-    item's columns packed side by side, kept by `replay_tf._packed_rows` (None until then).
+    derived from it on access.
     """
 
-    __slots__ = ("key", "priority", "times_sampled", "inserted_at", "_columns", "_episode_ids", "row_cache",
-                 "__weakref__")
+    __slots__ = ("key", "priority", "times_sampled", "inserted_at", "_columns", "_episode_ids", "__weakref__")
 
     def __init__(self, key: int, priority: float, trajectory: FlatTrajectory, chunks: Iterable[Chunk], *,
                  times_sampled: int = 0, inserted_at: int = 0):
@@ -256,7 +254,6 @@ class Item:
                                for v in (by_key[sl.chunk_key], sl.index, sl.offset, sl.offset + sl.length)))
             for column in trajectory)
         self._episode_ids = frozenset(c.sequence_range.episode_id for c in by_key.values())
-        self.row_cache = None
 
     @classmethod
     def from_resolved(cls, key: int, priority: float, columns: tuple,
@@ -270,7 +267,6 @@ class Item:
         item.inserted_at = 0
         item._columns = columns
         item._episode_ids = episode_ids
-        item.row_cache = None
         return item
 
     @property

@@ -61,8 +61,8 @@ class SampleStream(Protocol):
 class Transport(Protocol):
     """What a `Client` needs from a server connection."""
 
-    #: Whether sampled items are the tables' own (in-process), so that what a sampler keeps on an item
-    #: (`Item.row_cache`) serves its later samples. Remote streams build new items for every sample.
+    #: Whether sampled items are the tables' own (in-process), so that what a sampler keeps for an item
+    #: (`sampling.packed_rows`) serves its later samples. Remote streams build new items for every sample.
     shares_items: bool
 
     def open_insert_stream(self) -> InsertStream: ...
@@ -73,7 +73,7 @@ class Transport(Protocol):
                            max_samples: Optional[int] = None, stacked: bool = False) -> SampleStream:
         """A stream that takes at most `max_samples` samples from the table in all (None: no limit), so a
         caller that wants N samples never removes more than N items from a queue. With `stacked`, its
-        batches may also hold `_stacking.StackedSamples` (several samples each, see `count_samples`)."""
+        batches may also hold `stacked_samples.StackedSamples` (several samples each, see `count_samples`)."""
 
     def mutate_priorities(self, table: str, updates: list, deletes: list) -> None: ...
 

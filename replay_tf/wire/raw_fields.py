@@ -250,6 +250,19 @@ def keep_chunk_keys(keys, key_fields: Optional[dict] = None) -> bytes:
     return _TAG_REQUEST_KEEP + varint(len(body)) + body
 
 
+# tensorflow.TensorProto and TensorShapeProto fields, as ints for the readers (`stacked_samples`).
+TENSOR_DTYPE_TAG = 0x08    # TensorProto.dtype = 1
+TENSOR_SHAPE_TAG = 0x12    # TensorProto.tensor_shape = 2
+TENSOR_CONTENT_TAG = 0x22  # TensorProto.tensor_content = 4
+SHAPE_DIM_TAG = 0x12       # TensorShapeProto.dim = 2
+DIM_SIZE_TAG = 0x08        # TensorShapeProto.Dim.size = 1
+_TAG_TENSOR_DTYPE = bytes((TENSOR_DTYPE_TAG,))
+_TAG_TENSOR_SHAPE = bytes((TENSOR_SHAPE_TAG,))
+_TAG_TENSOR_CONTENT = bytes((TENSOR_CONTENT_TAG,))
+_TAG_SHAPE_DIM = bytes((SHAPE_DIM_TAG,))
+_TAG_DIM_SIZE = bytes((DIM_SIZE_TAG,))
+
+
 def tensor_head(dtype: int, shape: tuple, content_size: int) -> bytes:
     """A serialized `tensorflow.TensorProto` (dtype = 1, tensor_shape = 2, tensor_content = 4) up to its
     content: the whole message is this head followed by the `content_size` bytes of `tensor_content`."""
@@ -259,7 +272,7 @@ def tensor_head(dtype: int, shape: tuple, content_size: int) -> bytes:
         if len(_TENSOR_PREFIXES) >= _MAX_TENSOR_PREFIXES:
             _TENSOR_PREFIXES.clear()
         _TENSOR_PREFIXES[(dtype, shape)] = prefix
-    return prefix + b"\x22" + varint(content_size) if content_size else prefix
+    return prefix + _TAG_TENSOR_CONTENT + varint(content_size) if content_size else prefix
 
 
 _TENSOR_PREFIXES: dict = {}  # (dtype enum, shape) -> the head's dtype and tensor_shape fields
@@ -269,12 +282,12 @@ _MAX_TENSOR_PREFIXES = 4096
 def _tensor_prefix(dtype: int, shape: tuple) -> bytes:
     dims = []
     for size in shape:
-        dim = b"\x08" + varint(size) if size else b""  # TensorShapeProto.Dim.size = 1
-        dims += [b"\x12", _ONE_BYTE[len(dim)], dim]   # TensorShapeProto.dim = 2 (a Dim is < 12 bytes)
+        dim = _TAG_DIM_SIZE + varint(size) if size else b""
+        dims += [_TAG_SHAPE_DIM, _ONE_BYTE[len(dim)], dim]  # (a Dim is < 12 bytes)
     dims = b"".join(dims)
-    parts = [b"\x08", varint(dtype)] if dtype else []
+    parts = [_TAG_TENSOR_DTYPE, varint(dtype)] if dtype else []
     if shape:
-        parts += [b"\x12", varint(len(dims)), dims]
+        parts += [_TAG_TENSOR_SHAPE, varint(len(dims)), dims]
     return b"".join(parts)
 
 

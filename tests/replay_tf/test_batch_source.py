@@ -1,4 +1,4 @@
-"""`_batch_source.batches`: a generator's flat elements as a dataset, one numpy_function call each."""
+"""`batch_source.batches`: a generator's flat elements as a dataset, one numpy_function call each."""
 import collections
 import gc
 import re
@@ -9,13 +9,13 @@ import tensorflow as tf
 
 from dataset_testlib import dataset_graph
 from dataset_testlib import graph_nodes
-from replay_tf import _batch_source
+from replay_tf.sampling import batch_source
 
 SPEC = {"a": tf.TensorSpec([None], tf.int64), "b": tf.TensorSpec([None, 2], tf.float32)}
 
 
 def _dataset(make):
-    return _batch_source.batches(make, (b"x",), SPEC)
+    return batch_source.batches(make, (b"x",), SPEC)
 
 
 def test_yields_each_element_then_ends():
@@ -57,7 +57,7 @@ def test_iterator_keys_open_and_close_one_generator_per_iterator(monkeypatch, ge
     # Where TensorFlow lacks the generator dataset with its own finalizer, the public `from_generator` gives
     # the same keys and closes each generator with its iterator.
     if generator_dataset != "tensorflow's":
-        monkeypatch.setattr(_batch_source, "_GeneratorDataset", None)
+        monkeypatch.setattr(batch_source, "_GeneratorDataset", None)
     opened, closed = [], []
 
     def start(arg):
@@ -67,7 +67,7 @@ def test_iterator_keys_open_and_close_one_generator_per_iterator(monkeypatch, ge
         finally:
             closed.append(arg)
 
-    keys = _batch_source.iterator_keys(start, (b"k",))
+    keys = batch_source.iterator_keys(start, (b"k",))
     assert keys.element_spec == tf.TensorSpec([], tf.int64)
     assert [int(k) for k in keys] == [7, 8]
     iterator = iter(keys)
@@ -128,7 +128,7 @@ def test_small_numeric_rows_round_trip_through_one_packed_array():
     def make(unused_arg):
         yield from sent
 
-    dataset = _batch_source.batches(make, (b"x",), spec)
+    dataset = batch_source.batches(make, (b"x",), spec)
     assert list(dataset.element_spec) == spec
     received = list(dataset)
     assert len(received) == 3
@@ -154,7 +154,7 @@ def test_each_element_is_one_array_when_rows_are_small_and_numeric():
     text = {"a": tf.TensorSpec([None], tf.int64), "b": tf.TensorSpec([None], tf.string)}
     ragged = {"a": tf.TensorSpec([None], tf.int64), "b": tf.TensorSpec([None, None], tf.float32)}
     for spec in (wide, text, ragged):  # (each component its own array)
-        assert max(_py_func_outputs(_batch_source.batches(make, (b"x",), spec))) == 2
+        assert max(_py_func_outputs(batch_source.batches(make, (b"x",), spec))) == 2
 
 
 def test_string_and_variable_shaped_components_are_handed_over_as_they_are():
@@ -163,7 +163,7 @@ def test_string_and_variable_shaped_components_are_handed_over_as_they_are():
     def make(unused_arg):
         yield [np.array([b"x", b"yz"], object), np.ones([2, 3], np.float32)]
 
-    (element,) = list(_batch_source.batches(make, (b"x",), spec))
+    (element,) = list(batch_source.batches(make, (b"x",), spec))
     assert element["a"].numpy().tolist() == [b"x", b"yz"]
     assert element["b"].numpy().tolist() == [[1.0] * 3] * 2
 
@@ -186,10 +186,10 @@ def test_a_packed_element_that_does_not_match_its_spec_is_an_error_naming_the_co
 
 
 def test_packed_row_bytes_are_the_row_bytes_of_the_packed_array_or_none():
-    assert _batch_source.packed_row_bytes(SPEC) == 8 + 2 * 4
-    assert _batch_source.packed_row_bytes([tf.TensorSpec([None, 3], tf.bool), tf.TensorSpec([None], tf.int16)]) == 5
-    assert _batch_source.packed_row_bytes({"a": tf.TensorSpec([None], tf.string)}) is None
-    assert _batch_source.packed_row_bytes({"a": tf.TensorSpec([None, 257], tf.float32)}) is None  # (> 1 KiB)
+    assert batch_source.packed_row_bytes(SPEC) == 8 + 2 * 4
+    assert batch_source.packed_row_bytes([tf.TensorSpec([None, 3], tf.bool), tf.TensorSpec([None], tf.int16)]) == 5
+    assert batch_source.packed_row_bytes({"a": tf.TensorSpec([None], tf.string)}) is None
+    assert batch_source.packed_row_bytes({"a": tf.TensorSpec([None, 257], tf.float32)}) is None  # (> 1 KiB)
 
 
 def test_a_generator_may_yield_the_packed_array_itself():
@@ -226,7 +226,7 @@ def test_a_packed_element_is_split_with_at_most_a_reshape_and_a_bitcast_per_comp
     def make(unused_arg):
         yield [np.zeros([1, 2, 2], np.float32), np.zeros([1]), np.zeros([1, 3], np.uint8), np.zeros([1, 3], np.int32)]
 
-    dataset = _batch_source.batches(make, (b"x",), spec)
+    dataset = batch_source.batches(make, (b"x",), spec)
     ops = collections.Counter(n.op for n in graph_nodes(dataset_graph(dataset)))
     assert (ops["Bitcast"], ops["Reshape"], ops["SplitV"]) == (3, 2, 1)
     assert (ops["Pack"], ops["Shape"], ops["StridedSlice"]) == (0, 0, 0)

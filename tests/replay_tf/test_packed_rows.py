@@ -1,14 +1,14 @@
-"""`_packed_rows.PackedRows`: batches packed from the rows in-process items keep, and datasets that use them."""
+"""`packed_rows.PackedRows`: batches packed from the rows in-process items keep, and datasets that use them."""
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import replay_tf as reverb
-from replay_tf import _packed_rows
-from replay_tf import _stacking
+from replay_tf.sampling import packed_rows
 from replay_tf.transport import base as transport_lib
 from replay_tf.grpc.client import client_transport
-from replay_tf._signature_checks import numpy_dtype
+from replay_tf.sampling.signature_checks import numpy_dtype
+from replay_tf.wire import stacked_samples
 from replay_tf.replay_sample import SampleInfo
 
 _INFO_DTYPES = [numpy_dtype(d) for d in SampleInfo.tf_dtypes()]
@@ -61,7 +61,7 @@ def _expected_rows(samples: list) -> np.ndarray:
 
 
 def test_a_batch_is_packed_as_info_then_each_columns_bytes(server):
-    packer = _packed_rows.PackedRows(_INFO_DTYPES, _LAYOUTS)
+    packer = packed_rows.PackedRows(_INFO_DTYPES, _LAYOUTS)
     assert packer.row_bytes == 36 + 4 + 16 + 16 + 3
     samples = server.table("t").sample(5)
     assert len(samples) == 5
@@ -72,32 +72,31 @@ def test_a_batch_is_packed_as_info_then_each_columns_bytes(server):
 
 
 def test_items_keep_their_row_and_packers_of_the_same_layout_share_it(server):
-    packer = _packed_rows.PackedRows(_INFO_DTYPES, _LAYOUTS)
+    packer = packed_rows.PackedRows(_INFO_DTYPES, _LAYOUTS)
     samples = list({s.item.key: s for s in server.table("t").sample(30)}.values())[:3]  # (3 distinct items)
-    assert all(s.item.row_cache is None for s in samples)
+    assert all(packer.kept_row(s.item) is None for s in samples)
     first = packer.pack(samples)
-    kept = [s.item.row_cache for s in samples]
-    assert all(k is not None for k in kept)
+    assert all(packer.kept_row(s.item) is not None for s in samples)
     # A second packer of an equal layout reads the kept rows (marked here) instead of the columns.
     marked = bytes(range(39))
-    samples[1].item.row_cache = (kept[1][0], marked)
-    again = _packed_rows.PackedRows(list(_INFO_DTYPES), [(d.str, list(s)) for d, s in _LAYOUTS]).pack(samples)
+    packer.keep_row(samples[1].item, marked)
+    again = packed_rows.PackedRows(list(_INFO_DTYPES), [(d.str, list(s)) for d, s in _LAYOUTS]).pack(samples)
     np.testing.assert_array_equal(again[[0, 2]], first[[0, 2]])
     assert again[1, 36:].tobytes() == marked
 
 
 def test_rows_are_kept_only_while_the_table_is_within_the_bound(server, monkeypatch):
-    row_cost = 39 + _packed_rows._ROW_OVERHEAD
-    monkeypatch.setattr(_packed_rows, "MAX_CACHED_BYTES", 6 * row_cost)  # 6 rows; the table holds 7 items
+    row_cost = 39 + packed_rows._ROW_OVERHEAD
+    monkeypatch.setattr(packed_rows, "MAX_CACHED_BYTES", 6 * row_cost)  # 6 rows; the table holds 7 items
     samples = server.table("t").sample(2)
-    assert _packed_rows.PackedRows(_INFO_DTYPES, _LAYOUTS).pack(samples) is None  # (stacked by column instead)
-    assert all(s.item.row_cache is None for s in samples)
-    monkeypatch.setattr(_packed_rows, "MAX_CACHED_BYTES", 7 * row_cost)
-    np.testing.assert_array_equal(_packed_rows.PackedRows(_INFO_DTYPES, _LAYOUTS).pack(samples),
+    assert packed_rows.PackedRows(_INFO_DTYPES, _LAYOUTS).pack(samples) is None  # (stacked by column instead)
+    assert all(packed_rows.PackedRows(_INFO_DTYPES, _LAYOUTS).kept_row(s.item) is None for s in samples)
+    monkeypatch.setattr(packed_rows, "MAX_CACHED_BYTES", 7 * row_cost)
+    np.testing.assert_array_equal(packed_rows.PackedRows(_INFO_DTYPES, _LAYOUTS).pack(samples),
                                   _expected_rows(samples))
-    assert all(s.item.row_cache is not None for s in samples)
-    monkeypatch.setattr(_packed_rows, "MAX_CACHED_BYTES", 6 * row_cost)  # rows kept before are still read
-    np.testing.assert_array_equal(_packed_rows.PackedRows(_INFO_DTYPES, _LAYOUTS).pack(samples),
+    assert all(packed_rows.PackedRows(_INFO_DTYPES, _LAYOUTS).kept_row(s.item) is not None for s in samples)
+    monkeypatch.setattr(packed_rows, "MAX_CACHED_BYTES", 6 * row_cost)  # rows kept before are still read
+    np.testing.assert_array_equal(packed_rows.PackedRows(_INFO_DTYPES, _LAYOUTS).pack(samples),
                                   _expected_rows(samples))
 
 
@@ -108,13 +107,14 @@ def test_rows_are_kept_only_while_the_table_is_within_the_bound(server, monkeypa
 ])
 def test_items_of_another_layout_are_not_packed(server, layouts):
     samples = server.table("t").sample(2)
-    assert _packed_rows.PackedRows(_INFO_DTYPES, layouts).pack(samples) is None
-    assert all(s.item.row_cache is None for s in samples)
+    packer = packed_rows.PackedRows(_INFO_DTYPES, layouts)
+    assert packer.pack(samples) is None
+    assert all(packer.kept_row(s.item) is None for s in samples)
 
 
 def test_stacked_samples_are_not_packed(server):
-    stacked = _stacking.StackedSamples(*(np.zeros([1], d) for d in _INFO_DTYPES), columns=[], rate_limited=False)
-    assert _packed_rows.PackedRows(_INFO_DTYPES, _LAYOUTS).pack([stacked]) is None
+    stacked = stacked_samples.StackedSamples(*(np.zeros([1], d) for d in _INFO_DTYPES), columns=[], rate_limited=False)
+    assert packed_rows.PackedRows(_INFO_DTYPES, _LAYOUTS).pack([stacked]) is None
 
 
 @pytest.mark.parametrize("batch_size", [None, 3])
@@ -150,7 +150,8 @@ def test_in_process_datasets_use_kept_rows_and_yield_what_remote_ones_yield(serv
             for (name, _, _), column in zip(_STEP_SPECS, _expected_columns(int(item.priority))):
                 assert sample.data[name].dtype == column.dtype
                 np.testing.assert_array_equal(sample.data[name], column)
-        kept = [items[int(s.info.key)].row_cache is not None for s in got]
+        packer = packed_rows.PackedRows(_INFO_DTYPES, _LAYOUTS)
+        kept = [packer.kept_row(items[int(s.info.key)]) is not None for s in got]
         assert all(kept) if transport is in_process else not any(kept)
 
 

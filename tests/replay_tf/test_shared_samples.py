@@ -1,5 +1,5 @@
 """TrajectoryDatasets of an in-process replay table read through a shared, queue-fed source
-(`replay_tf/_shared_samples.py`): the same samples and errors as the per-iterator source, at most one batch
+(`replay_tf/sampling/shared_samples.py`): the same samples and errors as the per-iterator source, at most one batch
 in flight per open iterator, iterators that close and reopen, and the cases that keep the per-iterator
 source."""
 import os
@@ -15,7 +15,7 @@ import tensorflow as tf
 
 import proc_testlib
 import replay_tf as reverb
-from replay_tf import _shared_samples
+from replay_tf.sampling import shared_samples
 
 def _feeders(address: str) -> int:
     """Feeder threads running for table "t" of the server at `address`."""
@@ -138,7 +138,7 @@ def test_an_open_iterator_is_owed_at_most_one_batch():
 
 def _shared_of(address: str):
     """The `SharedSamples` built for table "t" at `address`."""
-    (shared,) = [s for s in _shared_samples._SHARED.values() if s.key[1] == address]
+    (shared,) = [s for s in shared_samples._SHARED.values() if s.key[1] == address]
     return shared
 
 
@@ -205,17 +205,17 @@ def test_a_feeder_that_fails_to_start_counts_no_iterator(monkeypatch):
 
 _FORK_WHILE_LOCKED = """
 import os, threading
-from replay_tf import _shared_samples
+from replay_tf.sampling import shared_samples
 held, release = threading.Event(), threading.Event()
 def hold():
-    with _shared_samples._LOCK:
+    with shared_samples._LOCK:
         held.set()
         release.wait()
 threading.Thread(target=hold, daemon=True).start()
 held.wait()
 pid = os.fork()
 if pid == 0:
-    os._exit(0 if _shared_samples._LOCK.acquire(timeout=2) else 1)
+    os._exit(0 if shared_samples._LOCK.acquire(timeout=2) else 1)
 release.set()
 print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
 """
@@ -293,7 +293,7 @@ def _mismatch_error(monkeypatch, shared: str):
                                            max_in_flight_samples_per_worker=3)
         with pytest.raises(tf.errors.OpError) as raised:
             next(iter(dataset))
-        feeder_errors = [s.error for s in _shared_samples._SHARED.values() if s.key[1] == address]
+        feeder_errors = [s.error for s in shared_samples._SHARED.values() if s.key[1] == address]
         assert any(e is not None for e in feeder_errors) == (shared == "1")  # (the feeder raised it)
         return type(raised.value), _python_error(raised.value)
     finally:
@@ -359,7 +359,7 @@ _EXIT_WITH_OPEN_ITERATORS = """
 import sys
 import numpy as np, tensorflow as tf
 import replay_tf as reverb
-from replay_tf import _shared_samples
+from replay_tf.sampling import shared_samples
 server = reverb.Server([reverb.Table('t', reverb.selectors.Uniform(), reverb.selectors.Fifo(), 1000,
                                      reverb.rate_limiters.MinSize(1))])
 with reverb.Client(f'localhost:{server.port}').trajectory_writer(num_keep_alive_refs=1) as writer:

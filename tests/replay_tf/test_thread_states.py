@@ -1,4 +1,4 @@
-"""`_thread_states.keep`: tf.data threads that call Python keep their Python thread state between calls."""
+"""`thread_states.keep`: tf.data threads that call Python keep their Python thread state between calls."""
 import os
 import subprocess
 import sys
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from replay_tf import _batch_source
-from replay_tf import _thread_states
+from replay_tf.sampling import batch_source
+from replay_tf.sampling import thread_states
 
 
 def _counts_on_tf_data_threads(call, calls=6):
@@ -40,7 +40,7 @@ def _per_thread(seen):
 
 
 def test_a_kept_state_outlives_each_call():
-    seen = _counts_on_tf_data_threads(_thread_states.keep)
+    seen = _counts_on_tf_data_threads(thread_states.keep)
     assert [counts == list(range(len(counts))) for counts in _per_thread(seen)] == [True] * len(_per_thread(seen))
     assert sum(len(counts) for counts in _per_thread(seen)) == 6
 
@@ -48,21 +48,21 @@ def test_a_kept_state_outlives_each_call():
 @pytest.mark.parametrize("setting", ["disabled", "at the limit"])
 def test_without_keeping_every_call_gets_a_new_state(monkeypatch, setting):
     if setting == "disabled":
-        monkeypatch.setattr(_thread_states, "_enabled", False)
+        monkeypatch.setattr(thread_states, "_enabled", False)
     else:
-        monkeypatch.setattr(_thread_states, "MAX_KEPT", _thread_states.kept_count())
+        monkeypatch.setattr(thread_states, "MAX_KEPT", thread_states.kept_count())
     results = []
-    seen = _counts_on_tf_data_threads(lambda: results.append(_thread_states.keep()))
+    seen = _counts_on_tf_data_threads(lambda: results.append(thread_states.keep()))
     assert results == [False] * 6
     assert [count for _, count in seen] == [0] * 6  # (CPython: the thread's state is new at every call)
 
 
 @pytest.mark.parametrize("value, kept", [("0", False), ("1", True), (None, True)])
 def test_environment_switch(value, kept):
-    env = {k: v for k, v in os.environ.items() if k != _thread_states.ENV}
+    env = {k: v for k, v in os.environ.items() if k != thread_states.ENV}
     if value is not None:
-        env[_thread_states.ENV] = value
-    code = ("from replay_tf import _thread_states as t\n"
+        env[thread_states.ENV] = value
+    code = ("from replay_tf.sampling import thread_states as t\n"
             "print(t.keep(), t.keep(), t.kept_count())")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60,
                          check=True).stdout.split()
@@ -70,14 +70,14 @@ def test_environment_switch(value, kept):
 
 
 def test_python_threads_take_no_kept_state():
-    before = _thread_states.kept_count()
+    before = thread_states.kept_count()
     results = []
-    thread = threading.Thread(target=lambda: results.extend([_thread_states.keep(), _thread_states.keep()]))
+    thread = threading.Thread(target=lambda: results.extend([thread_states.keep(), thread_states.keep()]))
     thread.start()
     thread.join()
     assert results == [True, True]
-    assert _thread_states.keep() is True
-    assert _thread_states.kept_count() == before
+    assert thread_states.keep() is True
+    assert thread_states.kept_count() == before
 
 
 def test_batch_sources_keep_the_state_of_the_threads_that_call_them():
@@ -91,7 +91,7 @@ def test_batch_sources_keep_the_state_of_the_threads_that_call_them():
             seen.append((threading.get_native_id(), count))
             yield [np.full([1], i, np.int64)]
 
-    dataset = _batch_source.batches(make, (b"x",), tf.TensorSpec([None], tf.int64)).prefetch(1)
+    dataset = batch_source.batches(make, (b"x",), tf.TensorSpec([None], tf.int64)).prefetch(1)
     assert [x.tolist() for x in dataset.as_numpy_iterator()] == [[i] for i in range(5)]
     on_tf_data_threads = _per_thread([(t, c) for t, c in seen if t != threading.main_thread().native_id])
     assert sum(map(len, on_tf_data_threads)) >= 4  # (the first element may be asked for on another thread)

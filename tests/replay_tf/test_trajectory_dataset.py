@@ -198,7 +198,7 @@ def test_batch_gathers_items_spanning_chunks_and_squeezed_columns():
 
 
 def test_large_batches_held_by_the_caller_keep_their_values():
-    # Batches of >= 1 MiB per column come from reused buffers (_buffer_pool.BufferPool): a batch the
+    # Batches of >= 1 MiB per column come from reused buffers (buffer_pool.BufferPool): a batch the
     # caller still holds must never be refilled with later samples, also when only a view of it is held.
     server = reverb.Server([reverb.Table("t", reverb.selectors.Uniform(), reverb.selectors.Fifo(), 100,
                                          reverb.rate_limiters.MinSize(1))])

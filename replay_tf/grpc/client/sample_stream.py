@@ -9,7 +9,6 @@ from typing import Optional
 
 import grpc
 
-from replay_tf import _stacking
 from replay_tf import errors
 from replay_tf.core import chunk_store as chunk_store_lib
 from replay_tf.core import table as table_lib
@@ -17,6 +16,7 @@ from replay_tf.grpc import common
 from replay_tf.grpc import malloc
 from replay_tf.grpc import shared_memory as shared_memory_lib
 from replay_tf.wire import raw_fields
+from replay_tf.wire import stacked_samples
 from replay_tf.wire import limits
 from replay_tf.wire import tensor_codec
 from replay_tf.wire import reverb_service_pb2
@@ -40,7 +40,7 @@ class SampleStream:
     """A `SampleStream` of `replay_tf.client` over gRPC SampleStream calls.
 
     With `stacked`, the call asks for rl-data-tf's extension: the server may send whole responses of
-    samples stacked per column, which `next_batch` hands out as `_stacking.StackedSamples` among the
+    samples stacked per column, which `next_batch` hands out as `stacked_samples.StackedSamples` among the
     `SampledItem`s (Reverb servers ignore the request field and send entries). With `shared_memory` too, each
     call offers the server a segment of shared memory for those responses (`shared_memory`; servers on
     other machines, and Reverb servers, send them inline)."""
@@ -63,7 +63,7 @@ class SampleStream:
         self._stacked = stacked
         self._shared_memory = stacked and shared_memory and shared_memory_lib.enabled()
         self._ring: Optional[shared_memory_lib.Ring] = None
-        self._count = _stacking.count_samples if stacked else len
+        self._count = stacked_samples.count_samples if stacked else len
         self._requests: Optional[queue.Queue] = None
         self._results: Optional[queue.Queue] = None
         self._call = None
@@ -142,7 +142,7 @@ class SampleStream:
                         if raw[:2] != raw_fields.TAG_RESPONSE_STACKED:
                             raise errors.ReverbError("SampleStream wrote a response other than stacked samples "
                                                      "into shared memory")
-                stacked = _stacking.read_stacked_response(raw) if self._stacked else None
+                stacked = stacked_samples.read_stacked_response(raw) if self._stacked else None
                 if stacked is not None and partial[0] is None:
                     batch = [stacked]
                 else:  # (a stacked response inside a sample is an error, which _samples raises)
@@ -265,7 +265,7 @@ class SampleStream:
                 raise errors.ReverbError("SampleStream sent stacked samples, which this stream did not ask for")
             if len(response.entries) or partial[0] is not None:
                 raise errors.ReverbError("SampleStream sent stacked samples with entries, or inside a sample")
-            return [_stacking.stacked_from_proto(response.replay_tf_stacked)]
+            return [stacked_samples.stacked_from_proto(response.replay_tf_stacked)]
         out = []
         sampled_item = table_lib.SampledItem
         entries = response.entries

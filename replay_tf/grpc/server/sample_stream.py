@@ -16,7 +16,8 @@ from typing import Callable, Iterator, Optional
 
 import grpc
 
-from replay_tf import _stacking
+from replay_tf.sampling import stacking
+from replay_tf.wire import stacked_samples
 from replay_tf import errors
 from replay_tf.core import table as table_lib
 from replay_tf.grpc import common
@@ -34,7 +35,7 @@ __all__ = ["SampleStreams"]
 _RESPONSE_TARGET_BYTES = 2 << 20   # start a new SampleStreamResponse past this size (Reverb's 2 MiB)
 _FIRST_SAMPLE_BATCH = 64           # Reverb's flexible batches: 64 samples first, then doubling
 _MAX_SAMPLE_BATCH = 1024
-_DECODED_CHUNK_BYTES = 64 << 20    # decoded multi-row chunks kept for stacked sample streams (_stacking)
+_DECODED_CHUNK_BYTES = 64 << 20    # decoded multi-row chunks kept for stacked sample streams (stacking)
 
 
 class SampleStreams:
@@ -47,7 +48,7 @@ class SampleStreams:
         self._trajectories: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
         self._chunk_heads: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
         self._trajectories_lock = threading.Lock()
-        self._decoded_chunks = _stacking.DecodedChunks(_DECODED_CHUNK_BYTES)  # for stacked sample streams
+        self._decoded_chunks = stacking.DecodedChunks(_DECODED_CHUNK_BYTES)  # for stacked sample streams
 
     def stream(self, request_iterator, context) -> Iterator[bytes]:
         """Serves one SampleStream call: samples for each request, yielding the responses."""
@@ -147,7 +148,7 @@ class SampleStreams:
         start = 0
         while start < len(batch):
             # A response never splits a sample: it takes as many whole samples as fit the target size.
-            layouts = _stacking.column_layouts(batch[start].item, tensors_of, pending_of)
+            layouts = stacking.column_layouts(batch[start].item, tensors_of, pending_of)
             if layouts is None:  # (strings: a table's items all have them, so the rest goes as entries)
                 yield from self._responses(entry, batch[start:])
                 return
@@ -155,13 +156,13 @@ class SampleStreams:
             stop = min(len(batch), start + max(1, _RESPONSE_TARGET_BYTES // per_sample))
             group, start = batch[start:stop], stop
             items = [s.item for s in group]
-            layout = _stacking.StackedLayout(group, layouts)
+            layout = stacked_samples.StackedLayout(group, layouts)
             if ring is not None and layout.size <= ring.slot_bytes:
                 acquired = ring.acquire(cancelled.is_set)
                 if acquired is None:
                     raise statuses.client_gone()
                 slot, buffer = acquired
-                fits = layout.gather_into(buffer, items, tensors_of, pending_of)
+                fits = stacking.gather_into(layout, buffer, items, tensors_of, pending_of)
                 del buffer
                 if fits:
                     ring.publish(slot)
@@ -171,7 +172,7 @@ class SampleStreams:
                 else:
                     yield from self._responses(entry, group)
                 continue
-            columns = _stacking.stack_items(items, layouts, tensors_of, pending_of)
+            columns = stacking.stack_items(items, layouts, tensors_of, pending_of)
             if columns is None:
                 yield from self._responses(entry, group)
             else:

@@ -14,7 +14,8 @@ import pytest
 import tensorflow as tf
 
 import replay_tf as reverb
-from replay_tf import _stacking
+from replay_tf.sampling import stacking
+from replay_tf.wire import stacked_samples
 from replay_tf.transport import base as transport_lib
 from replay_tf import errors
 from replay_tf.core import chunk_store
@@ -110,15 +111,15 @@ def test_slots_are_the_inline_response_byte_for_byte():
                                            key == 2))
         rows.append((frames, actions[1]))
     tensors_of = lambda chunk: chunk.tensors  # noqa: E731
-    layouts = _stacking.column_layouts(items[0].item, tensors_of, chunk_codec.pending_tensors)
-    layout = _stacking.StackedLayout(items, layouts)
-    columns = _stacking.stack_items([s.item for s in items], layouts, tensors_of, chunk_codec.pending_tensors)
+    layouts = stacking.column_layouts(items[0].item, tensors_of, chunk_codec.pending_tensors)
+    layout = stacked_samples.StackedLayout(items, layouts)
+    columns = stacking.stack_items([s.item for s in items], layouts, tensors_of, chunk_codec.pending_tensors)
     inline = layout.join(columns)
-    assert inline == _stacking.stacked_response(items, columns) and len(inline) == layout.size
+    assert inline == stacked_samples.stacked_response(items, columns) and len(inline) == layout.size
     buffer = memoryview(bytearray(layout.size + 10))
-    assert layout.gather_into(buffer, [s.item for s in items], tensors_of, chunk_codec.pending_tensors)
+    assert stacking.gather_into(layout, buffer, [s.item for s in items], tensors_of, chunk_codec.pending_tensors)
     assert bytes(buffer[:layout.size]) == inline
-    read = _stacking.read_stacked_response(inline)
+    read = stacked_samples.read_stacked_response(inline)
     np.testing.assert_array_equal(read.columns[0], [frames for frames, _ in rows])
     np.testing.assert_array_equal(read.columns[1], [action for _, action in rows])
     assert read.keys.tolist() == [1, 2, 3] and read.rate_limited.tolist() == [False, True, False]

@@ -10,7 +10,9 @@ from google.protobuf import message as protobuf_message
 
 import replay_tf as reverb
 from replay_tf.transport import addresses
-from replay_tf import _stacking
+from replay_tf.sampling import per_iterator
+from replay_tf.sampling import stacking
+from replay_tf.wire import stacked_samples
 from replay_tf.transport import base as transport_lib
 from replay_tf.core import chunk_store
 from replay_tf.core import table as table_lib
@@ -48,13 +50,13 @@ def remote_server(monkeypatch):
 def _count_stacked(monkeypatch) -> list:
     """Records the number of samples of every stacked response a client reads."""
     seen = []
-    original = _stacking._checked
+    original = stacked_samples._checked
 
     def counted(info, columns):
         stacked = original(info, columns)
         seen.append(len(stacked))
         return stacked
-    monkeypatch.setattr(_stacking, "_checked", counted)
+    monkeypatch.setattr(stacked_samples, "_checked", counted)
     return seen
 
 
@@ -156,12 +158,12 @@ def test_stacked_response_is_protobufs_encoding_and_reads_back():
     rng = np.random.default_rng(0)
     sampled = [_sampled(k, rng.integers(0, 1000, (4, 2, 3)).astype(np.int64), rng.random(4).astype(np.float32))
                for k in (3, 4, 2 ** 64 - 1)]
-    layouts = _stacking.column_layouts(sampled[0].item, lambda chunk: chunk.tensors, chunk_codec.pending_tensors)
+    layouts = stacking.column_layouts(sampled[0].item, lambda chunk: chunk.tensors, chunk_codec.pending_tensors)
     assert layouts == [(np.dtype(np.int64), (2, 2, 3)), (np.dtype(np.float32), ())]
-    columns = _stacking.stack_items([s.item for s in sampled], layouts, lambda chunk: chunk.tensors,
+    columns = stacking.stack_items([s.item for s in sampled], layouts, lambda chunk: chunk.tensors,
                                     chunk_codec.pending_tensors)
     assert [c.shape for c in columns] == [(3, 2, 2, 3), (3,)]
-    raw = _stacking.stacked_response(sampled, columns)
+    raw = stacked_samples.stacked_response(sampled, columns)
 
     expected = reverb_service_pb2.SampleStreamResponse()
     proto = expected.replay_tf_stacked
@@ -177,8 +179,8 @@ def test_stacked_response_is_protobufs_encoding_and_reads_back():
             tensor.tensor_shape.dim.add(size=size)
     assert raw == expected.SerializeToString()
 
-    read = _stacking.stacked_from_proto(reverb_service_pb2.SampleStreamResponse.FromString(raw).replay_tf_stacked)
-    fast = _stacking.read_stacked_response(raw)  # the client's reader: views of the bytes, no protobuf
+    read = stacked_samples.stacked_from_proto(reverb_service_pb2.SampleStreamResponse.FromString(raw).replay_tf_stacked)
+    fast = stacked_samples.read_stacked_response(raw)  # the client's reader: views of the bytes, no protobuf
     for got, want in zip([*fast[:6], *fast.columns], [*read[:6], *read.columns]):
         assert got.dtype == want.dtype
         np.testing.assert_array_equal(got, want)
@@ -229,10 +231,10 @@ def _stacked_proto(n=2, **changes):
 def test_malformed_stacked_samples_name_the_field(changes, error, reader):
     proto = _stacked_proto(**changes)
     if reader == "protobuf":
-        read = lambda: _stacking.stacked_from_proto(proto)  # noqa: E731
+        read = lambda: stacked_samples.stacked_from_proto(proto)  # noqa: E731
     else:
         raw = reverb_service_pb2.SampleStreamResponse(replay_tf_stacked=proto).SerializeToString()
-        read = lambda: _stacking.read_stacked_response(raw)  # noqa: E731
+        read = lambda: stacked_samples.read_stacked_response(raw)  # noqa: E731
     if error is None:
         stacked = read()
         assert len(stacked) == 2 and stacked.columns[0].shape == (2, 3)
@@ -251,7 +253,7 @@ def test_the_raw_reader_leaves_other_encodings_to_protobuf():
     body = unpacked_keys + rest.SerializeToString()
     unpacked_raw = b"\xc2\x3e" + bytes([len(body)]) + body
     assert reverb_service_pb2.SampleStreamResponse.FromString(unpacked_raw).replay_tf_stacked.keys == [5, 6]
-    assert _stacking.read_stacked_response(stacked_raw).keys.tolist() == [1, 2]
+    assert stacked_samples.read_stacked_response(stacked_raw).keys.tolist() == [1, 2]
     # A column whose content claims more bytes than its tensor holds (the outer lengths all agree).
     overrun = b"\x08\x01\x22\x10abc"
     body = (b"\x0a\x08" + (5).to_bytes(8, "little") + b"\x12\x08" + np.float64(1).tobytes()
@@ -261,7 +263,7 @@ def test_the_raw_reader_leaves_other_encodings_to_protobuf():
     with pytest.raises(protobuf_message.DecodeError):  # protobuf rejects it: the client reports an unreadable response
         reverb_service_pb2.SampleStreamResponse.FromString(overrun_raw)
     for raw in (entries_raw, unpacked_raw, stacked_raw + entries_raw, stacked_raw[:-1], overrun_raw):
-        assert _stacking.read_stacked_response(raw) is None
+        assert stacked_samples.read_stacked_response(raw) is None
 
 
 def test_a_response_with_entries_and_stacked_samples_is_an_error():
@@ -279,23 +281,23 @@ def test_a_response_with_entries_and_stacked_samples_is_an_error():
         replay_tf_stacked=_stacked_proto(3)), [None], sample_stream._ChunkCache())[0]) == 3
 
 
-def _stacked(keys) -> _stacking.StackedSamples:
+def _stacked(keys) -> stacked_samples.StackedSamples:
     keys = np.asarray(keys, np.uint64)
     n = len(keys)
-    return _stacking.StackedSamples(keys, keys.astype(np.float64), np.zeros(n, np.int32), np.ones(n), np.ones(n, np.int64),
+    return stacked_samples.StackedSamples(keys, keys.astype(np.float64), np.zeros(n, np.int32), np.ones(n), np.ones(n, np.int64),
                                     np.zeros(n, bool), [keys.astype(np.int64)[:, None] * [1, 1]])
 
 
 def test_split_and_count_samples_over_stacked_and_single_samples():
     batch = ["a", _stacked([1, 2, 3]), "b", _stacked([4, 5])]
-    assert _stacking.count_samples(batch) == 7
-    first, rest = _stacking.split_samples(batch, 3)
-    assert first[0] == "a" and first[1].keys.tolist() == [1, 2] and _stacking.count_samples(first) == 3
+    assert stacked_samples.count_samples(batch) == 7
+    first, rest = per_iterator.split_samples(batch, 3)
+    assert first[0] == "a" and first[1].keys.tolist() == [1, 2] and stacked_samples.count_samples(first) == 3
     assert rest[0].keys.tolist() == [3] and rest[1:3] == ["b", rest[2]] and rest[2].keys.tolist() == [4, 5]
     assert rest[0].columns[0].tolist() == [[3, 3]]
-    assert _stacking.split_samples(batch, 4) == (batch[:2], batch[2:])
-    assert _stacking.split_samples(batch, 9) == (batch, [])
-    assert _stacking.split_samples(["a", "b", "c"], 2) == (["a", "b"], ["c"])
+    assert per_iterator.split_samples(batch, 4) == (batch[:2], batch[2:])
+    assert per_iterator.split_samples(batch, 9) == (batch, [])
+    assert per_iterator.split_samples(["a", "b", "c"], 2) == (["a", "b"], ["c"])
 
 
 def test_a_batch_of_stacked_and_single_samples_stacks_in_order():
@@ -320,7 +322,7 @@ def test_server_keeps_decoded_multi_row_chunks_within_its_bound_and_never_one_ro
                                      np.frombuffer(b, np.uint8).reshape(rows, 100).copy()])
 
     entry = 512 + 300 + 300  # objects, decoded rows, and the stored bytes the entry keeps alive
-    cache = _stacking.DecodedChunks(max_bytes=2 * entry)  # room for two three-row chunks
+    cache = stacking.DecodedChunks(max_bytes=2 * entry)  # room for two three-row chunks
     chunks = [chunk(k, 3) for k in range(3)] + [chunk(9, 1)]
     tensors_of, _ = cache.readers()
     for c in chunks + chunks:  # multi-row chunks decoded once per gather, one-row ones at each read
@@ -371,17 +373,17 @@ def test_stored_tensors_leave_what_the_walk_does_not_read_to_protobuf():
 def test_zero_size_columns_stack_and_read_back():
     sampled = [_sampled(k, np.zeros((4, 2, 3), np.int64), np.zeros(4, np.float32)) for k in (3, 4)]
     columns = [np.empty((2, 0), np.float32), np.empty((2, 3, 0), np.bool_)]
-    raw = _stacking.stacked_response(sampled, columns)
+    raw = stacked_samples.stacked_response(sampled, columns)
     proto = reverb_service_pb2.SampleStreamResponse.FromString(raw).replay_tf_stacked
     assert [[d.size for d in t.tensor_shape.dim] for t in proto.columns] == [[2, 0], [2, 3, 0]]
-    for read in (_stacking.stacked_from_proto(proto), _stacking.read_stacked_response(raw)):
+    for read in (stacked_samples.stacked_from_proto(proto), stacked_samples.read_stacked_response(raw)):
         assert [(c.shape, c.dtype) for c in read.columns] == [((2, 0), np.float32), ((2, 3, 0), np.bool_)]
 
 
 def test_the_raw_reader_never_reads_on_past_a_varint_or_what_protobuf_reads_otherwise():
     endless = b"\xc2\x3e\x80\x80\x04" + b"\x0a" + b"\xff" * (1 << 16) + b"\x01"  # 64 KiB of one varint
     endless = endless[:2] + _raw_varint(len(endless) - 5) + endless[5:]
-    assert _stacking.read_stacked_response(endless) is None
+    assert stacked_samples.read_stacked_response(endless) is None
     proto = _stacked_proto()
     twice = reverb_service_pb2.SampleStreamResponse(replay_tf_stacked=proto).SerializeToString()
     shape = proto.columns[0].tensor_shape.SerializeToString()
@@ -393,7 +395,7 @@ def test_the_raw_reader_never_reads_on_past_a_varint_or_what_protobuf_reads_othe
     raw = b"\xc2\x3e" + _raw_varint(len(body)) + body
     assert [d.size for d in reverb_service_pb2.SampleStreamResponse.FromString(raw).replay_tf_stacked.columns[0]
             .tensor_shape.dim] == [2, 3, 2, 3]
-    assert _stacking.read_stacked_response(raw) is None and _stacking.read_stacked_response(twice) is not None
+    assert stacked_samples.read_stacked_response(raw) is None and stacked_samples.read_stacked_response(twice) is not None
 
 
 def _raw_varint(value: int) -> bytes:

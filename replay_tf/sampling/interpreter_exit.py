@@ -1,10 +1,17 @@
-"""Sample generators that tf.data runs, ended before the interpreter finalizes (see `_Generators`)."""
+"""What the sample datasets of this process end before the interpreter finalizes: the sample generators that
+tf.data runs (`ending_at_exit`, see `_Generators`), and what other modules `register`.
+
+One `atexit` hook runs it all, in this order: the generators are told to end, the callbacks registered
+to run first (e.g. shared feeders) run, exit waits for the generators, then the callbacks registered to run
+after the generators ended (e.g. a flag that lets tf.data's finalizers skip Python) run.
+"""
 from __future__ import annotations
 
 import atexit
 import gc
 import threading
 import time
+from typing import Callable
 
 
 class _Generators:
@@ -15,7 +22,7 @@ class _Generators:
     the thread is ended when it asks for the GIL, and the iterator's destructor, run during finalization,
     waits for it forever: a script that exited with an iterator still open hung about one time in two. At
     exit, before finalization, every generator is told to end (each ends at its next call, or within a
-    poll, `_POLL_MS`, if it is waiting for samples), and exit waits until each has ended or has not been
+    poll, `per_iterator.POLL_MS`, if it is waiting for samples), and exit waits until each has ended or has not been
     called for `QUIET_S` (tf.data's buffer is full: its threads stay out of Python)."""
 
     # (generous: on a loaded machine tf.data's threads may take a while to come back for the element that
@@ -25,7 +32,8 @@ class _Generators:
 
     def __init__(self):
         self.exiting = threading.Event()
-        self.after_stop: list = []  # callbacks run once the generators ended (see `stop_all`)
+        self.before_wait: list = []  # callbacks run once the generators were told to end (see `stop_all`)
+        self.after_stop: list = []  # callbacks run once the generators ended
         self.live = 0      # generators started and not ended
         self.running = 0   # generators inside a call (not suspended at a yield)
         self.started = False
@@ -35,6 +43,12 @@ class _Generators:
     def stop_all(self) -> None:
         self.exiting.set()
         try:
+            try:
+                for callback in self.before_wait:
+                    callback()
+            finally:
+                with self.cv:
+                    self.changed = time.monotonic()  # (readers those woke may still enter Python: wait quietly)
             self._wait_ended()
         finally:
             for callback in self.after_stop:
@@ -72,6 +86,12 @@ class _Generators:
 
 _GENERATORS = _Generators()
 atexit.register(_GENERATORS.stop_all)
+
+
+def register(callback: Callable[[], None], *, after_generators_end: bool = False) -> None:
+    """Runs `callback` at exit, before the interpreter finalizes: once the generators were told to end and
+    before exit waits for them, or, with `after_generators_end`, once they ended (or the wait gave up)."""
+    (_GENERATORS.after_stop if after_generators_end else _GENERATORS.before_wait).append(callback)
 
 
 def ending_at_exit(generator):

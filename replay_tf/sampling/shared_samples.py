@@ -5,7 +5,7 @@ TF-Agents' `ReverbReplayBuffer.as_dataset` interleaves up to 32 `TrajectoryDatas
 (6 at a time for its DQN shape). Sampling them through one `numpy_function` call per batch costs more Python
 time per sample than the sampling itself, spent on tf.data's threads under the GIL. Here the iterators of
 one table, batch size and layout share a `SharedSamples`: one Python thread samples for all of them, packs
-several batches at once (`_packed_rows`) and enqueues them with one call, and each iterator dequeues its
+several batches at once (`packed_rows`) and enqueues them with one call, and each iterator dequeues its
 batches in the graph: no Python on tf.data's threads.
 
 Samples in flight: as a Reverb worker has at most `max_in_flight_samples_per_worker` samples in flight,
@@ -16,33 +16,34 @@ or closing ends the feeder's wait for a table that refuses samples, so a round i
 iterators gone. When the last iterator closes, the batches left are dropped and the thread ends; the next
 iterator starts another.
 
-Used only where that changes nothing a user can tell (`TrajectoryDataset._shared_batches`): a table of
-this process known by name when the dataset is built, eagerly, with items that are never deleted by
-sampling (`max_times_sampled` 0: a queue's items must reach the iterator that took them), small numeric
-columns of a fixed shape (packed, see `_batch_source`), one worker per iterator, no sample limit and no
-rate-limiter timeout. Each iterator decides when it opens: while the server found when the dataset was
-built still runs and holds the same table, and no error ended the feeder, it reads the shared queue;
-otherwise (a server stopped and another started on that port, say) it reads through the per-iterator
-source, exactly as with `REPLAY_TF_SHARED_SAMPLES=0`, which turns this off. An error in the feeder (the
-server stopped, an item of another shape) closes the queue: the iterators reading it raise that error,
-with the type and message the per-iterator source raises (both go through `_batch_source`'s ends).
+Used only where that changes nothing a user can tell (`sources.shared_table_server`): a table of this
+process known by name when the dataset is built, eagerly, with items that are never deleted by sampling
+(`max_times_sampled` 0: a queue's items must reach the iterator that took them), small numeric columns of
+a fixed shape (packed, see `batch_source`), one worker per iterator, no sample limit and no rate-limiter
+timeout. Each iterator decides when it opens: while the server found when the dataset was built still
+runs and holds the same table, and no error ended the feeder, it reads the shared queue; otherwise (a
+server stopped and another started on that port, say) it reads through the per-iterator source
+(`per_iterator`), exactly as with `REPLAY_TF_SHARED_SAMPLES=0`, which turns this off. An error in the
+feeder (the server stopped, an item of another shape) closes the queue: the iterators reading it raise
+that error, with the type and message the per-iterator source raises (both go through `batch_source`'s
+ends).
 """
 from __future__ import annotations
 
-import atexit
 import os
 import threading
-import time
-from typing import Any, Callable, Optional
+from typing import Optional
 
 import numpy as np
 import tensorflow as tf
 import tree
 
-from replay_tf import _batch_source
-from replay_tf import _generator_exit
 from replay_tf.transport import local_servers
 from replay_tf import errors
+from replay_tf.sampling import batch_source
+from replay_tf.sampling import interpreter_exit
+from replay_tf.sampling.per_iterator import PerIteratorBatches
+from replay_tf.sampling.stacker import Stacker
 
 # `SharedSamples` by (server, address, table, samples per batch, layout, column names). Kept for the life of
 # the process: a pipeline traced with one of their queues may outlive every Python object of its dataset,
@@ -53,6 +54,8 @@ _LOCK = threading.Lock()
 _POLL_MS = 100  # the feeder re-checks for closing at least this often while the table refuses samples
 _CONSUMED, _WAKE = 0, 1  # tokens: a batch was dequeued; the number of open iterators changed
 _SHARED_SOURCE, _OWN_SOURCE = 0, 1  # what an iterator reads: the shared queue, or the per-iterator source
+# The feeder refills once 1 / _REFILL_DIVISOR of the open iterators' batches were taken (see `_feed`).
+_REFILL_DIVISOR = 4
 
 
 def enabled() -> bool:
@@ -61,10 +64,11 @@ def enabled() -> bool:
 
 
 class SharedSamples:
-    """The batches of `request` samples of one table of `server`, packed as `packer` packs them."""
+    """The batches of `request` samples of one table of `server`, packed as `packer` packs them (or, for
+    batches it cannot pack, as `stacker` stacks them, in the `packing` of `batch_source.pack`)."""
 
-    def __init__(self, key: tuple, server, address: str, table: str, request: int, packer,
-                 stack: Callable[[list], list], packing: tuple):
+    def __init__(self, key: tuple, server, address: str, table: str, request: int, packer, stacker: Stacker,
+                 packing: tuple):
         self.key = key
         self._server = server
         self._address = address
@@ -72,7 +76,7 @@ class SharedSamples:
         self._table_name = table
         self._request = request
         self._packer = packer
-        self._stack = stack  # (samples -> flat columns, raising ValueError for columns of another layout)
+        self._stacker = stacker  # (raises ValueError for columns of another layout)
         self._packing = packing
         with tf.init_scope():
             self.queue = tf.queue.FIFOQueue(2 ** 20, [tf.uint8, tf.int32],
@@ -109,7 +113,7 @@ class SharedSamples:
                 thread.start()  # (raises before anything is counted: a later iterator starts another)
                 self._thread = thread
             self._open += 1
-            count = self._open // 4 + 1
+            count = _wake_count(self._open)
         self._counts_changed()
         self._wake(count)
         return True
@@ -117,7 +121,7 @@ class SharedSamples:
     def closed(self) -> None:
         with self._cv:
             self._open -= 1
-            count = self._open // 4 + 2
+            count = _wake_count(self._open + 1)
         self._counts_changed()
         self._wake(count)
 
@@ -130,8 +134,7 @@ class SharedSamples:
             table.wake_waiters()
 
     def _wake(self, count: int = 1) -> None:
-        """Puts `count` wake tokens: at least as many as the feeder may be waiting for (it waits for at most
-        a quarter of the open iterators' batches, counted before this change)."""
+        """Puts `count` wake tokens: at least as many as the feeder may be waiting for (`_wake_count`)."""
         self.tokens.enqueue_many(tf.constant(np.full([count], _WAKE, np.int8)))
 
     # --- the feeder ---
@@ -155,9 +158,9 @@ class SharedSamples:
                 # Batches owed: one per open iterator, less those in the queue (a batch taken by an
                 # iterator being destroyed may never put its token: the queue's size is the count).
                 owed = open_ - int(self.queue.size())
-                threshold = max(1, open_ // 4)
-                # (refilled once a quarter of the open iterators' batches are taken, or the queue is
-                # empty: each round's sampling and enqueue cost the same for one batch or several)
+                threshold = _refill_threshold(open_)
+                # (refilled once that many batches are taken, or the queue is empty: each round's sampling
+                # and enqueue cost the same for one batch or several)
                 if owed > 0 and (owed >= threshold or owed == open_):
                     self._enqueue(owed)
                 else:
@@ -200,7 +203,7 @@ class SharedSamples:
             batch = samples[start:start + self._request]
             packed = self._packer.pack(batch)
             if packed is None:  # (rows not kept for a large table, or another layout: raises for the latter)
-                packed = _batch_source._pack(self._stack(batch), self._packing)
+                packed = batch_source.pack(self._stacker.stack_flat(batch, None, self._table_name), self._packing)
             if len(batch) < self._request:
                 packed = np.concatenate([packed, np.zeros((self._request - len(batch), packed.shape[1]),
                                                           np.uint8)])
@@ -237,7 +240,7 @@ class SharedSamples:
         except Exception:  # noqa: BLE001  (interpreter exit)
             pass
         with self._cv:
-            count = self._open // 4 + 1
+            count = _wake_count(self._open)
             thread = self._thread
         self._wake(count)  # (a feeder waiting for tokens)
         if join_s and thread is not None and thread is not threading.current_thread():
@@ -251,13 +254,13 @@ class SharedSamples:
                 return False
             self._stop.set()
             self._server = self._table = None
-            self._stack = None
+            self._stacker = None
             return True
 
     # --- the graph side ---
 
     def read(self, unused_key: tf.Tensor) -> tf.Tensor:
-        """One batch, as `[rows, row_bytes]` uint8 (the packed layout of `_batch_source`)."""
+        """One batch, as `[rows, row_bytes]` uint8 (the packed layout of `batch_source`)."""
         batch, size = self.queue.dequeue()
         with tf.control_dependencies([batch, size]):  # (the token only once the batch has left the queue)
             token = self.tokens.enqueue(tf.constant(_CONSUMED, tf.int8))
@@ -265,75 +268,92 @@ class SharedSamples:
             return batch[:size]
 
     def ended_by(self, key: np.ndarray) -> Optional[str]:
-        """The end of an iterator's batches (see `_batch_source.end_of_elements`): raises the feeder's error
+        """The end of an iterator's batches (see `batch_source.end_of_elements`): raises the feeder's error
         unless it is a quiet one (the server stopped), whose message it returns; None if there is none."""
         del key
         if self.error is None:
             return None
-        if isinstance(self.error, _batch_source.QUIET_ERRORS):
+        if isinstance(self.error, batch_source.QUIET_ERRORS):
             return f"{type(self.error).__name__}: {self.error}"
         raise self.error.with_traceback(None)  # (raised by every reader: no traceback piling up)
 
 
-def dataset(server, address: str, table: str, request: int, packer, stack: Callable[[list], list],
-            element_spec: Any, own_source: tf.data.Dataset, names: tuple) -> tf.data.Dataset:
-    """Batches (elements of `element_spec`, a nest of `tf.TensorSpec`s with an unknown leading dimension)
-    of `request` samples of `table` of `server` (at `address`), packed by `packer`, from the
-    `SharedSamples` of those; iterators that may not read it (`SharedSamples.usable`) read `own_source`,
-    the per-iterator batches of the same elements. `names` (the columns' paths) are part of the key: the
+class SharedBatches:
+    """The batches of `request` samples of `table` of `server` (at `address`), packed by `packer`, from the
+    `SharedSamples` of those; iterators that may not read it (`SharedSamples.usable`) read `per_iterator`,
+    the per-iterator source of the same elements. `names` (the columns' paths) are part of the key: the
     feeder's errors name them."""
-    flat_specs = tree.flatten(element_spec)
-    packing = _batch_source._packing(flat_specs)
-    key = (id(server), address, table, request, packing[0], tuple(packing[2]), names)
-    with _LOCK:
-        for old in list(_SHARED.values()):
-            old._release()
-        samples = _SHARED.get(key)
-        if samples is None or not samples.usable() or samples._table is not server.tables.get(table):
-            samples = SharedSamples(key, server, address, table, request, packer, stack, packing)
-            _SHARED[key] = samples
 
-    def start():
-        shared = samples.opened()
-        try:
-            yield np.int64(_SHARED_SOURCE if shared else _OWN_SOURCE)
-        finally:
-            if shared:
-                samples.closed()
+    def __init__(self, server, address: str, table: str, request: int, packer, per_iterator: PerIteratorBatches,
+                 names: tuple):
+        self._server, self._address, self._table, self._request = server, address, table, request
+        self._packer, self._names = packer, names
+        self.per_iterator = per_iterator
 
-    @tf.autograph.experimental.do_not_convert
-    def read(key):
-        return tree.unflatten_as(element_spec, _batch_source._unpack(samples.read(key), flat_specs, packing))
+    def batches(self) -> tf.data.Dataset:
+        """Elements of the per-iterator source's `element_spec`; see the class docstring."""
+        element_spec = self.per_iterator.element_spec
+        own_source = self.per_iterator.batches()
+        server, table = self._server, self._table
+        flat_specs = tree.flatten(element_spec)
+        packing = batch_source.packed_layout(flat_specs)
+        key = (id(server), self._address, table, self._request, packing[0], tuple(packing[2]), self._names)
+        with _LOCK:
+            for old in list(_SHARED.values()):
+                old._release()
+            samples = _SHARED.get(key)
+            if samples is None or not samples.usable() or samples._table is not server.tables.get(table):
+                samples = SharedSamples(key, server, self._address, table, self._request, self._packer,
+                                        self.per_iterator.stacker, packing)
+                _SHARED[key] = samples
 
-    finish = _batch_source.end_of_elements(samples.ended_by, element_spec)
+        def start():
+            shared = samples.opened()
+            try:
+                yield np.int64(_SHARED_SOURCE if shared else _OWN_SOURCE)
+            finally:
+                if shared:
+                    samples.closed()
 
-    @tf.autograph.experimental.do_not_convert
-    def per_iterator(key):
-        # (one of the two, by what `start` decided: `take(0)` never starts its input's elements)
-        shared = (tf.compat.v1.data.Dataset.from_tensors(key).repeat().map(read)
-                  .concatenate(tf.compat.v1.data.Dataset.from_tensors(key).map(finish)))  # (the error, or the end)
-        everything = tf.constant(-1, tf.int64)
-        nothing = tf.constant(0, tf.int64)
-        return shared.take(tf.where(key == _SHARED_SOURCE, everything, nothing)).concatenate(
-            own_source.take(tf.where(key == _OWN_SOURCE, everything, nothing)))
+        @tf.autograph.experimental.do_not_convert
+        def read(key):
+            return tree.unflatten_as(element_spec, batch_source.unpack(samples.read(key), flat_specs, packing))
 
-    keys = _batch_source.iterator_keys(lambda: _generator_exit.ending_at_exit(start()))
-    batches = keys.flat_map(per_iterator)
-    batches._shared_samples = samples  # (kept while the dataset is)
-    return batches
+        finish = batch_source.end_of_elements(samples.ended_by, element_spec)
+
+        @tf.autograph.experimental.do_not_convert
+        def per_iterator(key):
+            # (one of the two, by what `start` decided: `take(0)` never starts its input's elements)
+            shared = (tf.compat.v1.data.Dataset.from_tensors(key).repeat().map(read)
+                      .concatenate(tf.compat.v1.data.Dataset.from_tensors(key).map(finish)))  # (error, or end)
+            everything = tf.constant(-1, tf.int64)
+            nothing = tf.constant(0, tf.int64)
+            return shared.take(tf.where(key == _SHARED_SOURCE, everything, nothing)).concatenate(
+                own_source.take(tf.where(key == _OWN_SOURCE, everything, nothing)))
+
+        keys = batch_source.iterator_keys(lambda: interpreter_exit.ending_at_exit(start()))
+        batches = keys.flat_map(per_iterator)
+        batches._shared_samples = samples  # (kept while the dataset is)
+        return batches
+
+
+def _refill_threshold(open_count: int) -> int:
+    """The batches taken (tokens) after which the feeder refills: 1 / `_REFILL_DIVISOR` of the open
+    iterators' batches, at least one."""
+    return max(1, open_count // _REFILL_DIVISOR)
+
+
+def _wake_count(open_count: int) -> int:
+    """Wake tokens enough for any wait of a feeder that counted at most `open_count` open iterators."""
+    return _refill_threshold(open_count) + 1
 
 
 def _close_all() -> None:
-    """At exit: ends every feeder and the queues' readers before the interpreter finalizes (the sample
-    generators of `_generator_exit` are told to end first, and its exit wait starts after this)."""
-    generators = _generator_exit._GENERATORS
-    generators.exiting.set()
+    """At exit (see `interpreter_exit`): ends every feeder and the queues' readers."""
     with _LOCK:
         shared = list(_SHARED.values())
     for samples in shared:
         samples.close(join_s=1.0)
-    with generators.cv:
-        generators.changed = time.monotonic()  # (readers woken here may still enter Python: wait quietly)
 
 
 def _after_fork() -> None:
@@ -349,6 +369,6 @@ def _after_fork() -> None:
     _SHARED.clear()
 
 
-atexit.register(_close_all)
+interpreter_exit.register(_close_all)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork)

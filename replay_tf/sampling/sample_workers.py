@@ -12,8 +12,8 @@ import sys
 import threading
 from typing import Callable, NamedTuple, Optional
 
-from replay_tf import _stacking
 from replay_tf import errors
+from replay_tf.wire import stacked_samples
 
 
 class _WorkerTimedOut(NamedTuple):
@@ -126,7 +126,7 @@ class ParallelStreams:
                     while received < reserved and not self._stop.is_set():
                         batch = stream.next_batch(poll_ms=self._poll_ms)
                         if batch:
-                            received += _stacking.count_samples(batch)
+                            received += stacked_samples.count_samples(batch)
                             self._put(batch)
                 finally:
                     if stream is not None:

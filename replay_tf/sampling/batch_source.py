@@ -7,9 +7,9 @@ interleaves up to 32 of them, a few samples each). Here `from_generator` only op
 generator (it yields one key per iterator, so the generator is closed with its iterator), and each
 element is one stateful `numpy_function` call that hands the generator's arrays to TensorFlow as they are,
 or, for elements of small numeric rows, packed side by side into one array that the graph splits again
-(`_packing`). The threads that call it keep their Python thread state between calls (`_thread_states`).
+(`packed_layout`). The threads that call it keep their Python thread state between calls (`thread_states`).
 A generator that can build that packed array more cheaply than from its columns (say, from rows it keeps
-packed, see `_packed_rows`) may yield it instead of the flat list (see `packed_row_bytes`).
+packed, see `packed_rows`) may yield it instead of the flat list (see `packed_row_bytes`).
 
 Exceptions in the generator reach the iterator as `numpy_function` maps them (ValueError and TypeError as
 InvalidArgumentError, others as UnknownError), which is also how `from_generator` maps them. TensorFlow
@@ -41,8 +41,8 @@ try:
 except ImportError:  # pragma: no cover  (every supported TensorFlow has it; tested by patching it away)
     _GeneratorDataset = None
 
-from replay_tf import _generator_exit
-from replay_tf import _thread_states
+from replay_tf.sampling import interpreter_exit
+from replay_tf.sampling import thread_states
 from replay_tf import errors
 
 # The generators of live iterators, by key (each iterator's `iterator_keys` holds its key).
@@ -59,10 +59,10 @@ def batches(make_generator: Callable, args: tuple, element_spec: Any,
     passes them: bytes for strings), each a flat list of arrays matching `element_spec` (a nest of
     `tf.TensorSpec`s) flattened by `tree`, or the packed array of such a list (see `packed_row_bytes`).
     `wrap` wraps the generator that `from_generator` runs (the one that opens and closes
-    `make_generator`'s), e.g. `_generator_exit.ending_at_exit`."""
+    `make_generator`'s), e.g. `interpreter_exit.ending_at_exit`."""
     flat_specs = tree.flatten(element_spec)
     dtypes = [spec.dtype for spec in flat_specs]
-    packing = _packing(flat_specs)
+    packing = packed_layout(flat_specs)
 
     def start(*generator_args):
         generator = make_generator(*generator_args)
@@ -76,7 +76,7 @@ def batches(make_generator: Callable, args: tuple, element_spec: Any,
             generator.close()
 
     def next_element(key: np.ndarray) -> list:
-        _thread_states.keep()  # (the next call on this tf.data thread reuses its Python thread state)
+        thread_states.keep()  # (the next call on this tf.data thread reuses its Python thread state)
         generator = _SOURCES.get(int(key))
         try:
             element = None if generator is None else next(generator, None)
@@ -92,12 +92,12 @@ def batches(make_generator: Callable, args: tuple, element_spec: Any,
                 raise ValueError(f"a packed batch must be uint8 of shape [rows, {packing[0]}], got "
                                  f"{element.dtype} of shape {list(element.shape)}")
             return element
-        return _pack(element, packing)
+        return pack(element, packing)
 
     @tf.autograph.experimental.do_not_convert
     def read(key: tf.Tensor):
         if packing is not None:
-            return tree.unflatten_as(element_spec, _unpack(
+            return tree.unflatten_as(element_spec, unpack(
                 tf.numpy_function(next_element, [key], tf.uint8, stateful=True), flat_specs, packing))
         values = tf.numpy_function(next_element, [key], dtypes, stateful=True)
         for value, spec in zip(values, flat_specs):
@@ -153,7 +153,7 @@ def iterator_keys(start: Callable[..., Iterator], args: tuple = ()) -> tf.data.D
 
     Unlike `from_generator`'s, an iterator destroyed while the interpreter finalizes does not call Python:
     TensorFlow cannot, and would log "Error occurred when finalizing GeneratorDataset iterator" for every
-    iterator still open at exit. Once the generators of `_generator_exit` have been ended at exit, a flag
+    iterator still open at exit. Once the generators of `interpreter_exit` have been ended at exit, a flag
     kept by TensorFlow (`_exit_flag`) tells the finalizer to skip the call. (Not in TF1 graphs, which cannot
     capture the flag: their iterators end with their session.)
     """
@@ -216,7 +216,7 @@ _EXIT_FLAG_LOCK = threading.Lock()
 
 
 def _exit_flag() -> tf.Tensor:
-    """The handle of a bool variable, True once the interpreter exits (after `_generator_exit` ended the
+    """The handle of a bool variable, True once the interpreter exits (after `interpreter_exit` ended the
     generators); call it eagerly. Made as a named resource, not a `tf.Variable`: it stays while TensorFlow
     runs, whatever Python objects the interpreter has torn down, so finalizers can read it then."""
     with _EXIT_FLAG_LOCK:
@@ -234,23 +234,23 @@ def _exit_flag() -> tf.Tensor:
             except Exception:  # noqa: BLE001  (TensorFlow already torn down: nothing to tell)
                 pass
 
-        _generator_exit._GENERATORS.after_stop.append(mark_exiting)
+        interpreter_exit.register(mark_exiting, after_generators_end=True)
         return handle
 
 
-# Elements of at most this many bytes per row travel as one packed array (see `_packing`).
+# Elements of at most this many bytes per row travel as one packed array (see `packed_layout`).
 _MAX_PACKED_ROW_BYTES = 1024  # (larger rows are copied once more than they save)
 
 
 def packed_row_bytes(element_spec: Any) -> Optional[int]:
     """The bytes per row of the packed uint8 array `batches` hands over for elements of `element_spec`
-    (each component's row bytes side by side, in `tree.flatten` order, see `_packing`), or None when such
+    (each component's row bytes side by side, in `tree.flatten` order, see `packed_layout`), or None when such
     elements are handed over as they are. A generator may yield that packed array itself."""
-    packing = _packing(tree.flatten(element_spec))
+    packing = packed_layout(tree.flatten(element_spec))
     return None if packing is None else packing[0]
 
 
-def _packing(flat_specs: list):
+def packed_layout(flat_specs: list):
     """`(row_bytes, widths, layouts)` (each spec's elements per row and `(numpy dtype, row shape)`) when every
     spec is numeric (or bool) of one unknown leading dimension and fully defined otherwise, with rows of at
     most `_MAX_PACKED_ROW_BYTES`: such elements are handed over as one uint8 array of `[rows, row_bytes]`
@@ -273,8 +273,8 @@ def _packing(flat_specs: list):
     return row_bytes, widths, layouts
 
 
-def _pack(element: list, packing: tuple) -> np.ndarray:
-    """A flat element's arrays as one packed uint8 array (see `_packing`).
+def pack(element: list, packing: tuple) -> np.ndarray:
+    """A flat element's arrays as one packed uint8 array (see `packed_layout`).
 
     Raises:
       TypeError: a component of another dtype than its spec's.
@@ -292,11 +292,11 @@ def _pack(element: list, packing: tuple) -> np.ndarray:
             raise ValueError(f"component {i} of a batch has shape {list(array.shape)}, expected "
                              f"{[rows, *shape]} ({rows} rows, as component 0)")
         parts.append(np.ascontiguousarray(array).reshape(rows, width).view(np.uint8))
-    return np.concatenate(parts, axis=1)  # (`_packing` packs at least one component)
+    return np.concatenate(parts, axis=1)  # (`packed_layout` packs at least one component)
 
 
-def _unpack(packed: tf.Tensor, flat_specs: list, packing: tuple) -> list:
-    """The components of a packed element (see `_packing`), in as few ops as the dtypes allow: every op of
+def unpack(packed: tf.Tensor, flat_specs: list, packing: tuple) -> list:
+    """The components of a packed element (see `packed_layout`), in as few ops as the dtypes allow: every op of
     the traced function runs once per element, and TF-Agents' pipelines hand over a few samples per
     element. A multi-byte component is one reshape to `[rows, *shape, itemsize]` and one bitcast (only the
     bitcast for a scalar one, whose bytes are already `[rows, itemsize]`)."""

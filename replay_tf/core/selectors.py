@@ -53,7 +53,7 @@ class KeyDistributionOptions:
         return None
 
 
-class _Selector:
+class ItemSelector:
     """Base class of the selector configs."""
 
     def options(self) -> KeyDistributionOptions:
@@ -72,7 +72,7 @@ class _Selector:
         return hash(self.options())
 
 
-class Uniform(_Selector):
+class Uniform(ItemSelector):
     """Samples every item with the same probability."""
 
     def options(self) -> KeyDistributionOptions:
@@ -82,7 +82,7 @@ class Uniform(_Selector):
         return UniformDistribution()
 
 
-class Prioritized(_Selector):
+class Prioritized(ItemSelector):
     """Samples items with probability proportional to `priority ** priority_exponent`."""
 
     def __init__(self, priority_exponent: float):
@@ -112,7 +112,7 @@ class Prioritized(_Selector):
         return f"Prioritized(priority_exponent={self.priority_exponent})"
 
 
-class Fifo(_Selector):
+class Fifo(ItemSelector):
     """Selects the oldest inserted item."""
 
     def options(self) -> KeyDistributionOptions:
@@ -122,7 +122,7 @@ class Fifo(_Selector):
         return FifoDistribution(lifo=False)
 
 
-class Lifo(_Selector):
+class Lifo(ItemSelector):
     """Selects the newest inserted item."""
 
     def options(self) -> KeyDistributionOptions:
@@ -132,7 +132,7 @@ class Lifo(_Selector):
         return FifoDistribution(lifo=True)
 
 
-class MaxHeap(_Selector):
+class MaxHeap(ItemSelector):
     """Selects the item with the highest priority (ties: least recently inserted or updated)."""
 
     def options(self) -> KeyDistributionOptions:
@@ -142,7 +142,7 @@ class MaxHeap(_Selector):
         return HeapDistribution(min_heap=False)
 
 
-class MinHeap(_Selector):
+class MinHeap(ItemSelector):
     """Selects the item with the lowest priority (ties: least recently inserted or updated)."""
 
     def options(self) -> KeyDistributionOptions:
@@ -152,7 +152,7 @@ class MinHeap(_Selector):
         return HeapDistribution(min_heap=True)
 
 
-def from_options(options: KeyDistributionOptions) -> _Selector:
+def from_options(options: KeyDistributionOptions) -> ItemSelector:
     """The selector config described by `options` (for transports and checkpoints)."""
     kind = options.WhichOneof("distribution")
     if kind == "uniform":

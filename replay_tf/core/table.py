@@ -116,7 +116,7 @@ class Table:
         if max_size <= 0:
             raise ValueError(f"max_size ({max_size}) must be a positive integer")
         for argument, selector in (("sampler", sampler), ("remover", remover)):
-            if not isinstance(selector, selectors_lib._Selector):
+            if not isinstance(selector, selectors_lib.ItemSelector):
                 raise TypeError(f"{argument} must be a selector from replay_tf.selectors (Uniform, Prioritized, "
                                 f"Fifo, Lifo, MaxHeap, MinHeap), got {selector!r}")
         if not isinstance(rate_limiter, rate_limiters_lib.RateLimiter):

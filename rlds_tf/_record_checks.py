@@ -15,7 +15,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 from tensorflow_datasets.core import file_adapters
 
-from rlds_tf.recording import _tfrecord_files
+from rlds_tf.recording import tfrecord_files
 
 _HEADER = 12  # TFRecord framing: uint64 length + uint32 length crc, then data and a uint32 data crc
 
@@ -41,7 +41,7 @@ def _first_record(path: str, array_record: bool) -> Optional[bytes]:
                 return reader.read([0])[0] if reader.num_records() else None
             finally:
                 reader.close()
-        with os.fdopen(_tfrecord_files.open_regular(path), "rb") as f:  # never blocks on a FIFO
+        with os.fdopen(tfrecord_files.open_regular(path), "rb") as f:  # never blocks on a FIFO
             header = f.read(_HEADER)
             if len(header) < _HEADER:
                 return None

@@ -33,7 +33,7 @@ from tensorflow_datasets.core import file_adapters
 from rlds_tf import _record_checks
 from rlds_tf import rlds_types
 from rlds_tf._stacked_decoding import StackedSteps
-from rlds_tf.recording import _tfrecord_files
+from rlds_tf.recording import tfrecord_files
 from rlds_tf.recording import crash_recovery
 
 PathOrName = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
@@ -102,11 +102,11 @@ def _check_dir(directory: str, recover: bool) -> str:
         children = sorted(os.listdir(directory))[:10]
         raise ValueError(f"{directory!r} is not a TFDS dataset directory: missing {missing} (it holds {children}); "
                          f"point at the directory that contains dataset_info.json, e.g. <name>/<version>")
-    _tfrecord_files.check_only_regular_files(directory)
+    tfrecord_files.check_only_regular_files(directory)
     # Only directories an rlds_tf recorder was interrupted in (it removes its lock file on a clean close) are checked:
     # for them the metadata lists every complete episode, and the lock tells a live writer from a dead one.
-    written_by_us = os.path.exists(os.path.join(directory, _tfrecord_files.LOCK_FILE))
-    if not written_by_us or _tfrecord_files.writer_is_active(directory):
+    written_by_us = os.path.exists(os.path.join(directory, tfrecord_files.LOCK_FILE))
+    if not written_by_us or tfrecord_files.writer_is_active(directory):
         return directory
     if recover:
         crash_recovery.recover(directory)

@@ -3,7 +3,7 @@ import os
 
 import rlds_tf as rlds
 from rlds_tf.recording import Catch
-from rlds_tf.recording import _tfrecord_files
+from rlds_tf.recording import tfrecord_files
 
 # The shard file names of the recorded dataset's train split.
 SHARD = "rlds_dataset-train.tfrecord-{:05d}"
@@ -20,7 +20,7 @@ def record_catch(directory: str, *, leave_lock: bool = True) -> str:
             timestep = env.reset()
             while not timestep.last():
                 timestep = env.step(e % 3)
-    lock = os.path.join(directory, _tfrecord_files.LOCK_FILE)
+    lock = os.path.join(directory, tfrecord_files.LOCK_FILE)
     assert not os.path.exists(lock)  # a clean close removes it
     if leave_lock:
         open(lock, "w").close()

@@ -182,15 +182,91 @@ def test_the_grpc_client_and_server_do_not_import_each_other(side, other):
     assert offending == []
 
 
-def test_no_package_imports_another_packages_private_module():
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _private_module_imports(imports: list) -> list:
+    """Imports of a private module (`buffers/_ring.py`) from outside the package it sits in."""
     offending = []
-    for imp in _IMPORTS:
+    for imp in imports:
         for target in imp.targets:
-            own = _own(target)
-            if own and own.split(".")[0] != imp.module.split(".")[0]:
-                if any(part.startswith("_") and part != "__init__" for part in own.split(".")):
-                    offending.append((imp.module, imp.node.lineno, own))
-    assert offending == []
+            parts = _own(target).split(".")
+            for depth, part in enumerate(parts):
+                if _private(part) and not f"{imp.module}.".startswith(".".join(parts[:depth]) + "."):
+                    offending.append((imp.module, imp.node.lineno, ".".join(parts)))
+    return offending
+
+
+def _reach_ins(imports: list, sources: dict) -> list:
+    """Private names of one of our modules used by another: imported by name, or read as an attribute of
+    the imported module."""
+    found = []
+    for imp in imports:
+        if isinstance(imp.node, ast.ImportFrom):
+            base = _resolve(imp.module, sources[imp.module][0].name == "__init__.py", imp.node)
+            for alias in imp.node.names:
+                name = f"{base}.{alias.name}"
+                if _private(alias.name) and _own(name) != name and _own(base) not in ("", imp.module):
+                    found.append((imp.module, imp.node.lineno, name))
+    for module, (path, tree) in sources.items():
+        bound = {}  # local name -> our module it is bound to
+        for imp in imports:
+            if imp.module == module and isinstance(imp.node, ast.ImportFrom):
+                base = _resolve(module, path.name == "__init__.py", imp.node)
+                bound.update({alias.asname or alias.name: f"{base}.{alias.name}" for alias in imp.node.names
+                              if _own(f"{base}.{alias.name}") == f"{base}.{alias.name}"})
+            elif imp.module == module:
+                bound.update({alias.asname: alias.name for alias in imp.node.names
+                              if alias.asname and _own(alias.name) == alias.name})
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and _private(node.attr) and isinstance(node.value, ast.Name)
+                    and bound.get(node.value.id, module) != module):
+                found.append((module, node.lineno, f"{bound[node.value.id]}.{node.attr}"))
+    return found
+
+
+def test_private_modules_are_imported_only_inside_their_package():
+    # A private module belongs to the package it sits in; other packages and subpackages use that package's
+    # public modules.
+    assert _private_module_imports(_IMPORTS) == []
+
+
+def test_no_module_reaches_into_another_modules_private_names():
+    assert _reach_ins(_IMPORTS, _SOURCES) == []
+
+
+def test_the_private_checks_find_planted_reach_ins(monkeypatch, tmp_path):
+    planted = {
+        "replay_tf.sampling._planted": "X = 1\n_Y = 2\n",
+        "replay_tf.core._planted_user": ("from replay_tf.sampling import _planted\n"
+                                         "from replay_tf.sampling._planted import _Y\n"
+                                         "from replay_tf.core import table as t\n"
+                                         "Z = _planted.X + t._hidden\n"),
+    }
+    for module, text in planted.items():
+        monkeypatch.setitem(_SOURCES, module, (tmp_path / f"{module}.py", ast.parse(text)))
+    imports = [imp for imp in _imports() if imp.module in planted]
+    assert [entry[2] for entry in _private_module_imports(imports)] == ["replay_tf.sampling._planted"] * 2
+    assert [entry[2] for entry in _reach_ins(imports, {m: _SOURCES[m] for m in planted})] == [
+        "replay_tf.sampling._planted._Y", "replay_tf.core.table._hidden"]
+
+
+def test_replay_tf_top_level_holds_the_public_modules_only():
+    # The modules named after Reverb's and TF-Agents' public modules; everything else is in a subpackage.
+    top = sorted(path.name for path in pathlib.Path(ROOT, "replay_tf").glob("*.py"))
+    assert len(top) <= 25, top
+    assert [name for name in top if _private(name) and name != "__init__.py"] == []
+
+
+# Modules allowed over the size limit: each holds one idea a reader follows top to bottom.
+_ONE_IDEA_MODULES: dict = {}
+
+
+def test_modules_stay_under_600_lines():
+    lengths = {module: len(path.read_text(encoding="utf-8").splitlines())
+               for module, (path, _) in _SOURCES.items() if not module.endswith("_pb2")}
+    assert {module: n for module, n in lengths.items() if n > 600 and module not in _ONE_IDEA_MODULES} == {}
 
 
 def test_in_function_imports_of_our_modules_say_why():

@@ -23,7 +23,7 @@ from tensorflow_datasets.core import file_adapters
 
 from rlds_tf import rlds_types
 from rlds_tf.recording import tfds_writer
-from rlds_tf.recording._episode_encoder import EpisodeEncoder
+from rlds_tf.recording.episode_encoder import EpisodeEncoder
 
 # The shard names TFDS's SequentialWriter gives (what the recorder and `rlds-tf convert` write).
 _SHARD_TEMPLATE = "{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_INDEX}"

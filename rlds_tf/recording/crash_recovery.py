@@ -33,7 +33,7 @@ from typing import NamedTuple
 
 from absl import logging
 
-from rlds_tf.recording import _tfrecord_files as files
+from rlds_tf.recording import tfrecord_files as files
 
 
 class Plan(NamedTuple):

@@ -4,7 +4,7 @@ On top of TFDS's sequential writer this adds what a recorder needs:
   * durability per episode: after each episode the open shard is flushed and `dataset_info.json` is atomically
     replaced by one that lists that shard's episodes too, so after `kill -9` the directory loads (on current TFDS
     and on 4.9.4) with every completed episode (see `crash_recovery` for the one case that needs a repair);
-  * a fast encoder for plain tensor features (`_episode_encoder`), byte-compatible with TFDS's own;
+  * a fast encoder for plain tensor features (`episode_encoder`), byte-compatible with TFDS's own;
   * a lock so that two processes never record into one directory.
 """
 from __future__ import annotations
@@ -20,9 +20,9 @@ import tensorflow_datasets as tfds
 from tensorflow_datasets.core import file_adapters
 
 from rlds_tf import rlds_types
-from rlds_tf.recording import _tfrecord_files as files
+from rlds_tf.recording import tfrecord_files as files
 from rlds_tf.recording import crash_recovery
-from rlds_tf.recording._episode_encoder import EpisodeEncoder
+from rlds_tf.recording.episode_encoder import EpisodeEncoder
 
 DatasetConfig = tfds.rlds.rlds_base.DatasetConfig
 # The shard names TFDS's SequentialWriter gives (its `_initialize_split`).

@@ -27,7 +27,7 @@ from rlds_dataset_testlib import record_catch
 from rlds_tf import _stacked_decoding
 from rlds_tf import cli
 from rlds_tf.recording import Catch
-from rlds_tf.recording import _tfrecord_files
+from rlds_tf.recording import tfrecord_files
 from rlds_tf.recording import crash_recovery
 
 PRECIOUS = b"precious outside data " * 50
@@ -99,7 +99,7 @@ def test_recovery_leaves_a_hard_linked_shard_alone(clean, tmp_path, capsys, capl
                                              r"from 2 on\), is a regular file with 2 link"):
             appending_writer(directory)
         assert outside.read_bytes() == content
-        assert not _tfrecord_files.writer_is_active(directory)
+        assert not tfrecord_files.writer_is_active(directory)
         assert _num_episodes(directory) == 3      # the listed episodes still load
     else:
         with pytest.raises(ValueError, match=rf"killed mid-write.*{message}"):
@@ -123,7 +123,7 @@ def test_an_appending_recorder_never_writes_through_a_later_shard(clean, tmp_pat
                 while not timestep.last():
                     timestep = env.step(0)
     assert outside.read_bytes() == PRECIOUS
-    assert not _tfrecord_files.writer_is_active(directory)
+    assert not tfrecord_files.writer_is_active(directory)
     assert _num_episodes(directory) == 3
 
 
@@ -141,7 +141,7 @@ def test_recovery_still_repairs_a_shard_with_one_link(clean, tmp_path):
 
 # --- nothing in a dataset is opened with a blocking open ---
 
-_FIFO_NAMES = [_tfrecord_files.LOCK_FILE, "dataset_info.json", "features.json", SHARD.format(1), SHARD.format(2)]
+_FIFO_NAMES = [tfrecord_files.LOCK_FILE, "dataset_info.json", "features.json", SHARD.format(1), SHARD.format(2)]
 
 
 def _plant_fifo(clean, tmp_path, name):
@@ -283,7 +283,7 @@ def test_dataset_files_get_the_umask_mode_and_recovery_keeps_it(tmp_path, umask,
     try:
         directory = record_catch(str(tmp_path / "ds"))
         modes = {name: stat.S_IMODE(os.stat(os.path.join(directory, name)).st_mode)
-                 for name in os.listdir(directory) if name != _tfrecord_files.LOCK_FILE}
+                 for name in os.listdir(directory) if name != tfrecord_files.LOCK_FILE}
         assert set(modes) == {"dataset_info.json", "features.json", SHARD.format(0), SHARD.format(1)}
         assert modes == dict.fromkeys(modes, mode)
         with open(os.path.join(directory, SHARD.format(1)), "ab") as f:   # a record cut short by a crash

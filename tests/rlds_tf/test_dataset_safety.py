@@ -14,7 +14,7 @@ import pytest
 import rlds_tf as rlds
 import rlds_dataset_testlib
 from rlds_tf import cli
-from rlds_tf.recording import _tfrecord_files
+from rlds_tf.recording import tfrecord_files
 from rlds_tf.recording import crash_recovery
 
 SHARD = rlds_dataset_testlib.SHARD
@@ -143,7 +143,7 @@ def test_recovery_refuses_a_shard_that_links_outside(clean, tmp_path):
 def _corrupt_record(directory, shard, record):
     """Flips one data byte of `record` in `shard`: its CRC no longer matches."""
     path = os.path.join(directory, SHARD.format(shard))
-    lengths, _ = _tfrecord_files.scan_records(path)
+    lengths, _ = tfrecord_files.scan_records(path)
     offset = sum(12 + n + 4 for n in lengths[:record]) + 12 + lengths[record] // 2
     with open(path, "r+b") as f:
         f.seek(offset)
@@ -183,7 +183,7 @@ def test_convert_renames_a_complete_destination(clean, tmp_path, capsys):
 
 def test_info_on_a_truncated_shard_names_it_in_one_line(clean, tmp_path, capsys):
     directory = _copy(clean, tmp_path)
-    os.unlink(os.path.join(directory, _tfrecord_files.LOCK_FILE))   # not a crashed rlds_tf recording
+    os.unlink(os.path.join(directory, tfrecord_files.LOCK_FILE))   # not a crashed rlds_tf recording
     path = os.path.join(directory, SHARD.format(1))
     os.truncate(path, os.path.getsize(path) - 10)
     assert cli.main(["info", directory]) == 1
@@ -225,7 +225,7 @@ def test_appending_writer_refuses_a_hostile_template_and_releases_the_lock(clean
     with pytest.raises(ValueError, match="not a file directly inside the dataset directory"):
         rlds_dataset_testlib.appending_writer(directory)
     assert _snapshot(str(tmp_path)) == before
-    assert not _tfrecord_files.writer_is_active(directory)
+    assert not tfrecord_files.writer_is_active(directory)
 
 
 def _set_splits(directory, splits):

@@ -17,7 +17,7 @@ import rlds_tf as rlds
 from rlds_tf.recording import Catch
 from rlds_tf.recording import EnvLogger
 from rlds_tf.recording import TFDSBackendWriter
-from rlds_tf.recording._episode_encoder import EpisodeEncoder
+from rlds_tf.recording.episode_encoder import EpisodeEncoder
 
 from dataset_testlib import assert_nested_equal, to_numpy
 

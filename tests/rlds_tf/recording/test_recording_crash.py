@@ -15,7 +15,7 @@ import tensorflow_datasets as tfds
 
 import rlds_tf as rlds
 from rlds_tf.recording import crash_recovery
-from rlds_tf.recording import _tfrecord_files
+from rlds_tf.recording import tfrecord_files
 
 from dataset_testlib import assert_nested_equal, to_numpy
 from proc_testlib import ROOT as _ROOT
@@ -101,7 +101,7 @@ def test_kill_9_keeps_every_completed_episode(tmp_path, min_episodes, extra_dela
             proc.wait()
         proc.stderr.close()
         proc.stdout.close()
-    assert not _tfrecord_files.writer_is_active(directory)  # the OS released the lock with the process
+    assert not tfrecord_files.writer_is_active(directory)  # the OS released the lock with the process
     assert reported == list(range(1, len(reported) + 1)) and len(reported) >= min_episodes
     loaded = [e["steps"] for e in to_numpy(rlds.load_stacked(directory, "train", recover=True))]
     assert len(loaded) >= completed_before_kill
@@ -131,7 +131,7 @@ def _record_bytes(directory, index):
     """The framed bytes of each record of a shard."""
     with open(_shard(directory, index), "rb") as f:
         data = f.read()
-    lengths, _ = _tfrecord_files.scan_records(_shard(directory, index))
+    lengths, _ = tfrecord_files.scan_records(_shard(directory, index))
     out, offset = [], 0
     for length in lengths:
         out.append(data[offset:offset + 16 + length])
@@ -151,7 +151,7 @@ def test_recover_each_crash_point(tmp_path, case):
     source, directory = str(tmp_path / "src"), str(tmp_path / "ds")
     _record(source, 5, max_per_file=3)  # shards: [3, 2]
     os.makedirs(directory)
-    open(os.path.join(directory, _tfrecord_files.LOCK_FILE), "w").close()  # what the rlds_tf recorder leaves
+    open(os.path.join(directory, tfrecord_files.LOCK_FILE), "w").close()  # what the rlds_tf recorder leaves
     records = _record_bytes(source, 0) + _record_bytes(source, 1)
     with open(os.path.join(source, "features.json")) as src, open(os.path.join(directory, "features.json"), "w") as dst:
         dst.write(src.read())
@@ -212,7 +212,7 @@ def test_foreign_directories_are_only_recovered_on_request(tmp_path):
     """load() repairs only rlds_tf recordings; another writer's directory needs an explicit recover()."""
     directory = str(tmp_path)
     _record(directory, 4, max_per_file=3)
-    assert not os.path.exists(os.path.join(directory, _tfrecord_files.LOCK_FILE))  # a clean close removes it
+    assert not os.path.exists(os.path.join(directory, tfrecord_files.LOCK_FILE))  # a clean close removes it
     with open(os.path.join(directory, "dataset_info.json")) as f:
         info = json.load(f)
     info["splits"][0]["shardLengths"] = ["3"]  # as envlogger leaves it: the open shard is not listed

@@ -5,7 +5,7 @@ import pytest
 
 import rlds_tf as rlds
 from rlds_dataset_testlib import record_catch
-from rlds_tf.recording import _tfrecord_files
+from rlds_tf.recording import tfrecord_files
 from rlds_tf.recording import crash_recovery
 
 
@@ -14,20 +14,20 @@ def lock_removed_before_open(tmp_path, monkeypatch):
     """A killed recording whose lock file is removed just before `writer_is_active` opens it, as when a
     recorder closes cleanly between that function's look at the directory and its open."""
     directory = record_catch(str(tmp_path / "ds"))
-    lock = os.path.join(directory, _tfrecord_files.LOCK_FILE)
-    real_open = _tfrecord_files.open_regular
+    lock = os.path.join(directory, tfrecord_files.LOCK_FILE)
+    real_open = tfrecord_files.open_regular
 
     def open_after_removal(path, *args, **kwargs):
         if path == lock and os.path.exists(lock):
             os.unlink(lock)
         return real_open(path, *args, **kwargs)
 
-    monkeypatch.setattr(_tfrecord_files, "open_regular", open_after_removal)
+    monkeypatch.setattr(tfrecord_files, "open_regular", open_after_removal)
     return directory
 
 
 def test_writer_is_active_is_false_once_the_lock_file_is_gone(lock_removed_before_open):
-    assert _tfrecord_files.writer_is_active(lock_removed_before_open) is False
+    assert tfrecord_files.writer_is_active(lock_removed_before_open) is False
 
 
 @pytest.mark.parametrize("read, expected", [

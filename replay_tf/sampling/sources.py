@@ -18,6 +18,7 @@ from replay_tf.sampling import shared_samples
 from replay_tf.sampling.shared_samples import SharedBatches
 from replay_tf.sampling.stacker import Stacker
 
+
 class SampleBatches(Protocol):
     """The batches of a sample dataset: flat elements of `stacker.flat_specs()` (samples stacked along an
     unknown leading dimension), the empty batches of a blocked sampler included."""

@@ -336,3 +336,43 @@ def test_uniform_from_spec_covers_every_integer_width_and_bool():
     assert values["u8"].dtype == np.uint8 and set(values["u8"]) == {3, 4, 5, 6}
     assert values["i16"].dtype == np.int16 and set(values["i16"]) == {3, 4, 5, 6}
     assert values["flag"].dtype == bool and set(values["flag"]) == {False, True}
+
+
+# --- Frames whose size varies ----------------------------------------------------------------------------------
+
+
+def _write_variable_size_frames(directory, sizes_per_episode):
+    """Episodes whose `observation/image` (an Image of unknown height and width) has the given (H, W) per step."""
+    from rlds_tf.tfds import EpisodeWriter
+
+    config = tfds.rlds.rlds_base.DatasetConfig(
+        name="variable_frames",
+        observation_info=tfds.features.FeaturesDict({
+            "image": tfds.features.Image(shape=(None, None, 3), encoding_format="png"),
+            "state": tfds.features.Tensor(shape=(2,), dtype=np.float32)}),
+        action_info=tf.int64, reward_info=tf.float32, discount_info=tf.float32,
+        step_metadata_info={"language_instruction": tfds.features.Text()})
+    with EpisodeWriter(directory, config, max_episodes_per_file=1) as writer:
+        for e, sizes in enumerate(sizes_per_episode):
+            last = len(sizes) - 1
+            writer.add_episode({"steps": [{
+                "observation": {"image": np.full((h, w, 3), 10 * e + t, np.uint8),
+                                "state": np.float32([e, t])},
+                "action": t, "reward": np.float32(t == last), "discount": np.float32(1),
+                "is_first": t == 0, "is_last": t == last, "is_terminal": False,
+                "language_instruction": f"episode {e}"} for t, (h, w) in enumerate(sizes)]})
+    return directory
+
+
+def test_load_steps_decodes_frames_of_varying_size_step_by_step(tmp_path):
+    directory = _write_variable_size_frames(str(tmp_path), [[(4, 5), (6, 3), (2, 2)], [(3, 3), (5, 4)]])
+    expected = _flat_steps(_tfds_episodes(directory))
+    assert [s["observation"]["image"].shape[:2] for s in expected] == [(4, 5), (6, 3), (2, 2), (3, 3), (5, 4)]
+    assert_nested_equal(to_numpy(list(rlds.load_steps(directory, "train"))), expected)
+
+
+def test_load_steps_batches_frames_of_one_size_declared_variable(tmp_path):
+    directory = _write_variable_size_frames(str(tmp_path), [[(4, 5)] * 3, [(4, 5)] * 2])
+    steps = _flat_steps(_tfds_episodes(directory))
+    got = to_numpy(list(rlds.load_steps(directory, "train", batch_size=2)))
+    assert_nested_equal(got, [_stack(steps[0:2]), _stack(steps[2:4]), _stack(steps[4:5])])

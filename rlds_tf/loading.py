@@ -33,6 +33,8 @@ from tensorflow_datasets.core import file_adapters
 from rlds_tf import _record_checks
 from rlds_tf import rlds_types
 from rlds_tf._stacked_decoding import StackedSteps
+from rlds_tf._stacked_decoding import decode_step_fields
+from rlds_tf._stacked_decoding import variable_size_images
 from rlds_tf.recording import tfrecord_files
 from rlds_tf.recording import crash_recovery
 
@@ -274,11 +276,16 @@ def load_stacked(name_or_dir: PathOrName, split: Any, *, data_dir: Optional[str]
                  validate: bool = True, recover: bool = False) -> tf.data.Dataset:
     """Episodes whose `steps` is a dict of `[T, ...]` tensors: same values as `load`, no nested datasets."""
     dataset_builder = builder(name_or_dir, data_dir=data_dir, validate=validate, recover=recover)
+    return _stacked(dataset_builder, split, shuffle_files=shuffle_files, read_config=read_config,
+                    decoder=StackedSteps(), caller="load_stacked")
+
+
+def _stacked(dataset_builder, split, *, shuffle_files, read_config, decoder, caller) -> tf.data.Dataset:
     _check_split(dataset_builder, split)
     if isinstance(split, (list, tuple)) or split is None:
-        raise ValueError(f"load_stacked needs one split expression, got split={split!r}; join splits with '+'")
+        raise ValueError(f"{caller} needs one split expression, got split={split!r}; join splits with '+'")
     return _as_dataset(dataset_builder, split, shuffle_files=shuffle_files, read_config=read_config,
-                       decoders={rlds_types.STEPS: StackedSteps()})
+                       decoders={rlds_types.STEPS: decoder})
 
 
 def load_steps(name_or_dir: PathOrName, split: Any, *, batch_size: Optional[int] = None,
@@ -288,11 +295,23 @@ def load_steps(name_or_dir: PathOrName, split: Any, *, batch_size: Optional[int]
     """All steps of all episodes in order, as one flat dataset (`batch_size` set: batches of steps).
 
     Same elements as `load(...).flat_map(lambda e: e['steps'])` (then `.batch(batch_size)`), without building
-    a nested dataset per episode.
+    a nested dataset per episode. Images whose frames may differ in size (a `tfds.features.Image` of unknown
+    height or width) are decoded step by step after unbatching, in a parallel map, since they cannot be
+    stacked per episode.
     """
-    episodes = load_stacked(name_or_dir, split, data_dir=data_dir, shuffle_files=shuffle_files,
-                            read_config=read_config, validate=validate, recover=recover)
-    return stacked_to_steps(episodes, batch_size=batch_size, drop_remainder=drop_remainder)
+    if batch_size is not None and batch_size < 1:
+        raise ValueError(f"batch_size ({batch_size}) must be >= 1")
+    dataset_builder = builder(name_or_dir, data_dir=data_dir, validate=validate, recover=recover)
+    step_features = dataset_builder.info.features[rlds_types.STEPS].feature
+    per_step = variable_size_images(step_features)
+    episodes = _stacked(dataset_builder, split, shuffle_files=shuffle_files, read_config=read_config,
+                        decoder=StackedSteps(keep_encoded=per_step), caller="load_steps")
+    if not per_step:
+        return stacked_to_steps(episodes, batch_size=batch_size, drop_remainder=drop_remainder)
+    steps = episodes.map(lambda episode: episode[rlds_types.STEPS]).unbatch().map(
+        lambda step: decode_step_fields(step_features, step, per_step), num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=True)
+    return steps if batch_size is None else steps.batch(batch_size, drop_remainder=drop_remainder)
 
 
 def stacked_to_steps(episodes: tf.data.Dataset, *, batch_size: Optional[int] = None,

@@ -23,6 +23,21 @@ def sar_fields_mask(step: rlds_types.Step) -> Tuple[Dict[str, Any], Dict[str, An
     return data, mask
 
 
+def _summable(field: str, value: Any) -> tf.Tensor:
+    """`value` in a dtype its sums fit in: floats as they are, integers and bools as float64.
+
+    Summed in their own dtype, uint8 camera frames would wrap around at 255 (and int32 fields at 2**31) over
+    a dataset; float64 holds integer sums exactly up to 2**53.
+    """
+    value = tf.convert_to_tensor(value)
+    if value.dtype == tf.string:
+        raise TypeError(f"mean_and_std: field {field!r} holds strings (tf.string), which have no mean; leave it "
+                        f"out of the data dict get_step_fields returns")
+    if value.dtype.is_floating:
+        return value
+    return tf.cast(value, tf.float64)
+
+
 def mean_and_std(episodes_dataset: tf.data.Dataset,
                  get_step_fields: Callable[[rlds_types.Step], Tuple[Dict[str, Any], Dict[str, Any]]],
                  optimization_batch_size: int = flexible_batch.BATCH_AUTO_TUNE) -> Tuple[Any, Any]:
@@ -59,6 +74,7 @@ def mean_and_std(episodes_dataset: tf.data.Dataset,
             raise TypeError(f"mean_and_std: get_step_fields must return a (data dict, mask dict) pair, got "
                             f"{type(selected).__name__}: {selected!r:.200}")
         data, mask = selected
+        data = {k: tf.nest.map_structure(lambda x, k=k: _summable(k, x), v) for k, v in data.items()}
         missing = sorted(set(data) - set(mask))
         if missing:
             raise ValueError(f"mean_and_std: get_step_fields gave no mask for field(s) {missing}; the mask dict "

@@ -21,5 +21,15 @@ def truncate_after_condition(steps_dataset: tf.data.Dataset,
         hit = tf.logical_or(seen, tf.cast(truncate_condition(step), tf.bool))
         return hit, (step, seen)
 
+    # Named functions, not two lambdas on one line: AutoGraph cannot tell such lambdas apart in the source
+    # and logs a warning each time it converts them.
+    def not_seen_before(step, seen):
+        del step
+        return tf.logical_not(seen)
+
+    def step_only(step, seen):
+        del seen
+        return step
+
     tagged = steps_dataset.scan(tf.constant(False), tag)
-    return tagged.take_while(lambda step, seen: tf.logical_not(seen)).map(lambda step, seen: step)
+    return tagged.take_while(not_seen_before).map(step_only)

@@ -34,11 +34,39 @@ def zeros_from_spec(spec: Any) -> Any:
     return tf.nest.map_structure(lambda s: tf.zeros(_concrete_shape(s.shape), s.dtype), spec)
 
 
+# The dtypes `tf.random.uniform` draws directly; other integers are drawn as int64 and cast.
+_UNIFORM_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int32, tf.int64)
+
+
+def _uniform(spec: tf.TensorSpec, minval: Any, maxval: Any, seed: int) -> tf.Tensor:
+    shape = _concrete_shape(spec.shape)
+    if spec.dtype == tf.string:
+        # Text has no numeric range: empty strings, as `zeros_from_spec` gives.
+        return tf.zeros(shape, tf.string)
+    if spec.dtype == tf.bool:
+        return tf.random.uniform(shape, minval=0, maxval=2, seed=seed, dtype=tf.int32) > 0
+    if spec.dtype in _UNIFORM_DTYPES:
+        return tf.random.uniform(shape, minval=minval, maxval=maxval, seed=seed, dtype=spec.dtype)
+    if spec.dtype.is_integer:
+        # uint8 images, int16 audio, ...: `tf.random.uniform` draws only int32/int64 integers.
+        drawn = tf.random.uniform(shape, minval=minval, maxval=maxval, seed=seed, dtype=tf.int64)
+        return tf.cast(drawn, spec.dtype)
+    raise TypeError(f"uniform_from_spec: no uniform values of dtype {spec.dtype.name} (spec {spec}); supported: "
+                    f"floating and integer dtypes, bool and string")
+
+
 def uniform_from_spec(spec: Any, minval: Any, maxval: Any, seed: int) -> Any:
-    """A nest of `tf.random.uniform` values in [minval, maxval) matching a spec nest (unknown dims become 1)."""
-    return tf.nest.map_structure(
-        lambda s: tf.random.uniform(_concrete_shape(s.shape), minval=minval, maxval=maxval, seed=seed,
-                                    dtype=s.dtype), spec)
+    """A nest of `tf.random.uniform` values in [minval, maxval) matching a spec nest (unknown dims become 1).
+
+    Integers of any width are drawn in [minval, maxval) (a range the dtype holds); bools are fair coin flips
+    and strings empty, whatever the range, so a whole step spec (images, flags, text) can be filled.
+
+    >>> values = uniform_from_spec({'image': tf.TensorSpec([2, 2, 3], tf.uint8),
+    ...                             'text': tf.TensorSpec([], tf.string)}, 0, 256, seed=1)
+    >>> values['image'].dtype.name, values['text'].numpy()
+    ('uint8', b'')
+    """
+    return tf.nest.map_structure(lambda s: _uniform(s, minval, maxval, seed), spec)
 
 
 def zero_dataset_like(ds: tf.data.Dataset) -> tf.data.Dataset:

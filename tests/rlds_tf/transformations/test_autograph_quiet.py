@@ -32,3 +32,10 @@ def test_concatenate_converts_without_autograph_warnings(tf_log):
     got = [{k: v.numpy().item() for k, v in s.items()} for s in transformations.concatenate(a, b)]
     assert got == [{"x": 1, "y": 0.0}, {"x": 0, "y": 2.0}]
     assert not [m for m in tf_log if "AutoGraph could not transform" in m], tf_log
+
+
+def test_truncate_after_condition_converts_without_autograph_warnings(tf_log):
+    steps = tf.data.Dataset.range(10)
+    got = [int(x) for x in transformations.truncate_after_condition(steps, lambda x: x == 3)]
+    assert got == [0, 1, 2, 3]
+    assert not [m for m in tf_log if "AutoGraph could not transform" in m], tf_log

@@ -224,8 +224,22 @@ with beam.Pipeline(options=pipelines.pipeline_options("DirectRunner", 2)) as p:
 """
 
 
+def _worker_pids(launcher: int) -> list:
+    """The DirectRunner's worker processes: the launcher's children running Beam's SDK worker."""
+    found = []
+    for child in subprocess.run(["pgrep", "-P", str(launcher)], capture_output=True, text=True).stdout.split():
+        try:
+            with open(f"/proc/{child}/cmdline", "rb") as f:
+                if b"sdk_worker" in f.read():
+                    found.append(int(child))
+        except FileNotFoundError:
+            pass
+    return found
+
+
 @pytest.mark.slow
-def test_a_pipeline_killed_mid_write_leaves_no_valid_looking_output(source, tmp_path):
+@pytest.mark.parametrize("killed", ["everything", "one worker"])
+def test_a_pipeline_killed_mid_write_leaves_no_valid_looking_output(source, tmp_path, killed):
     destination = str(tmp_path / "out")
     process = subprocess.Popen([sys.executable, "-c", _KILLED_CONVERT, source, destination], cwd=_REPO,
                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True,
@@ -237,6 +251,15 @@ def test_a_pipeline_killed_mid_write_leaves_no_valid_looking_output(source, tmp_
         while len(shards()) < 3 and time.monotonic() < deadline and process.poll() is None:
             time.sleep(0.2)
         assert len(shards()) >= 3, "the pipeline wrote no shards while one worker was stalled"
+        if killed == "one worker":
+            workers = _worker_pids(process.pid)
+            assert len(workers) == 2, workers
+            os.kill(workers[0], signal.SIGKILL)
+            try:  # (the DirectRunner's launcher may fail, or wait for the worker forever)
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                pass
+            assert not os.path.exists(destination)
     finally:
         os.killpg(process.pid, signal.SIGKILL)  # the launcher and its worker processes
         process.wait(timeout=60)

@@ -11,6 +11,7 @@ import atexit
 import gc
 import threading
 import time
+import traceback
 from typing import Callable
 
 
@@ -42,17 +43,13 @@ class _Generators:
 
     def stop_all(self) -> None:
         self.exiting.set()
+        _run_each(self.before_wait)
+        with self.cv:
+            self.changed = time.monotonic()  # (readers that woke may still enter Python: wait quietly)
         try:
-            try:
-                for callback in self.before_wait:
-                    callback()
-            finally:
-                with self.cv:
-                    self.changed = time.monotonic()  # (readers those woke may still enter Python: wait quietly)
             self._wait_ended()
         finally:
-            for callback in self.after_stop:
-                callback()
+            _run_each(self.after_stop)
 
     def _wait_ended(self) -> None:
         deadline = time.monotonic() + self.TIMEOUT_S
@@ -82,6 +79,16 @@ class _Generators:
             self.running -= 1
             self.changed = time.monotonic()
             self.cv.notify_all()
+
+
+def _run_each(callbacks: list) -> None:
+    """Runs every callback, each whatever the others raised: one failing must not keep exit from ending
+    the rest (or from waiting for the generators); its error is reported as atexit reports its own."""
+    for callback in callbacks:
+        try:
+            callback()
+        except Exception:  # noqa: BLE001  (reported, and the next callback still runs)
+            traceback.print_exc()
 
 
 _GENERATORS = _Generators()

@@ -30,3 +30,28 @@ def test_callbacks_run_by_stage_not_by_registration(order):
     assert proc.returncode == 0, proc.stderr[-2000:]
     # (both once the generators were told to end: "True")
     assert proc.stdout.split("\n") == ["before True", "after True", ""]
+
+
+_FAILING = """
+from replay_tf.sampling import interpreter_exit
+
+def fail():
+    raise RuntimeError("a callback failed")
+
+waited = []
+original = interpreter_exit._GENERATORS._wait_ended
+interpreter_exit._GENERATORS._wait_ended = lambda: (waited.append(True), original())[1]
+interpreter_exit.register(fail)
+interpreter_exit.register(lambda: print("before", flush=True))
+interpreter_exit.register(lambda: print("after", waited, flush=True), after_generators_end=True)
+interpreter_exit.register(fail, after_generators_end=True)
+interpreter_exit.register(lambda: print("last", flush=True), after_generators_end=True)
+"""
+
+
+def test_a_failing_callback_keeps_neither_the_wait_nor_the_others_from_running():
+    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3")
+    proc = subprocess.run([sys.executable, "-c", _FAILING], capture_output=True, text=True, env=env, timeout=120,
+                          cwd=ROOT)
+    assert proc.stdout.split("\n") == ["before", "after [True]", "last", ""]
+    assert proc.stderr.count("RuntimeError: a callback failed") == 2

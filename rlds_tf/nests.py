@@ -21,6 +21,8 @@ error either package raises. Two notations, each where its readers meet it:
 """
 from __future__ import annotations
 
+import collections
+
 from typing import Any, Sequence
 
 __all__ = [
@@ -67,6 +69,8 @@ def lists_to_tuples(nest: Any) -> Any:
     tf.data reads a Python list as one tensor rather than as a structure, so nests that users may write with
     lists (dataset dtypes and shapes, pattern structures) are read as tuples.
     """
+    if isinstance(nest, collections.defaultdict):  # (its constructor takes the default factory first)
+        return type(nest)(nest.default_factory, ((key, lists_to_tuples(value)) for key, value in nest.items()))
     if isinstance(nest, dict):
         return type(nest)((key, lists_to_tuples(value)) for key, value in nest.items())
     if isinstance(nest, tuple) and hasattr(nest, "_fields"):

@@ -48,6 +48,12 @@ def test_lists_to_tuples(nest, want):
         assert list(got) == list(want)  # (key order kept)
 
 
+def test_lists_to_tuples_keeps_a_defaultdict_and_its_factory():
+    got = nests.lists_to_tuples(collections.defaultdict(list, {"a": [1, [2]]}))
+    assert type(got) is collections.defaultdict and got == {"a": (1, (2,))}
+    assert got["missing"] == []
+
+
 def test_lists_to_tuples_leaves_the_input_alone():
     nest = {"a": [1, [2]]}
     nests.lists_to_tuples(nest)

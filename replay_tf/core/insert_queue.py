@@ -139,10 +139,10 @@ class InsertQueue:
                     self._cv.wait(_IDLE_S)
                     self._idle = False
                 if not self._pending or table is None:
-                    self._pending.clear()
+                    dropped, self._pending = list(self._pending), collections.deque()
                     self._working = False
                     self._worker_thread = None
-                    return
+                    break
                 self._current = self._pending[0]
                 item, owner = self._current
             error = None
@@ -165,3 +165,5 @@ class InsertQueue:
                     self._cv.notify_all()
             owner.finished(item, error)
             item = owner = error = None  # this frame may live on in `error`'s traceback
+        for item, owner in dropped:  # (the table is gone: its items can never be inserted)
+            owner.finished(item, errors.TableNotFoundError(f"Priority table {self._table_name} was not found: it was removed."))

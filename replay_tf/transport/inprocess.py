@@ -30,7 +30,8 @@ class InsertStream:
     insert (nothing waiting, table admitting) happens in the calling thread with no hand-off. `send` never
     blocks on the queue's limit; `flush` waits for the stream's queued items; `close` drops those still
     queued (an item being admitted at that moment may still land). An insert that fails in the background
-    is raised by the next `send` or `flush`, and the stream's other queued items are dropped.
+    is raised by the next `send` or `flush`, and the stream's other queued items are dropped (one another
+    table's worker is admitting at that moment may still land).
     """
 
     supports_open_chunks = True
@@ -127,8 +128,9 @@ class InsertStream:
         with self._cv:
             self._closed = True
             queues = list(self._queues)
-        # (An item being inserted may still land: wait for that attempt, at most a few of its slices.)
-        dropped = sum(queue.drop(self, insert_queue.WAIT_SLICE_MS / 1000.0 * 4) for queue in queues)
+        # (An item being inserted may still land: wait for that attempt, at most a few of its slices in all.)
+        deadline = time.monotonic() + insert_queue.WAIT_SLICE_MS / 1000.0 * 4
+        dropped = sum(queue.drop(self, max(0.0, deadline - time.monotonic())) for queue in queues)
         with self._cv:
             self._num_finished += dropped
             self._cv.notify_all()

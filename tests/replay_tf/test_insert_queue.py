@@ -174,3 +174,17 @@ def test_in_process_and_grpc_streams_share_the_tables_queue(monkeypatch):
         remote.close()
     finally:
         server.stop()
+
+
+def test_items_left_for_a_table_that_is_gone_are_reported_to_their_owner():
+    import gc  # noqa: PLC0415
+    table = _queue_table(2)
+    queue = insert_queue.InsertQueue(table)
+    owner = _Owner(waits_for_room=False)
+    queue._pending.extend([(_item(1), owner), (_item(2), owner)])  # (as if queued before the table went)
+    del table
+    gc.collect()
+    queue._work()  # (the worker finds no table: it ends, and the owners hear why)
+    assert [key for key, _ in owner.finished_items] == [1, 2]
+    assert all(isinstance(error, errors.TableNotFoundError) for _, error in owner.finished_items)
+    assert len(queue) == 0

@@ -23,7 +23,8 @@ class _Items(TrajectoryDataset):
     """The sampled items behind a `TimestepDataset`: columns `[timesteps, *timestep shape]`, checked against a
     table signature as timesteps (Reverb's timestep tables have one-timestep signatures)."""
 
-    # (items of any length are yielded one by one: a shared feeder stacks batches of fixed shapes only)
+    # (a safeguard: the leading dimension is unknown, which already keeps these off the shared feeder, and
+    # items of any length are yielded one by one while a shared feeder stacks batches of fixed shapes only)
     _MAY_SHARE_SAMPLES = False
 
     def __init__(self, *args, timestep_shapes: list, **kwargs):

@@ -13,11 +13,11 @@ finalized when it reaches `max_chunk_length` rows, at `end_episode`, or when `fl
 sent once every chunk they use is final, as Reverb's writer does.
 
 Delivery is asynchronous, as in Reverb: `create_item` never blocks. In process, an item the rate limiter
-refuses is inserted by a background thread of the writer's stream as soon as the table admits it (items
-keep their order). A remote stream that loses its server (UNAVAILABLE, e.g. a restart at the same address)
-reconnects and re-sends the items the server has not confirmed, with their chunks (at-least-once, keyed:
-see `replay_tf.grpc.client.insert_stream.InsertStream`). `flush` and `end_episode` wait for the items; `close` drops
-those still waiting.
+refuses waits in the table's insert queue, whose worker thread inserts it as soon as the table admits it
+(a stream's items into one table keep their order). A remote stream that loses its server (UNAVAILABLE,
+e.g. a restart at the same address) reconnects and re-sends the items the server has not confirmed, with
+their chunks (at-least-once, keyed: see `replay_tf.grpc.client.insert_stream.InsertStream`). `flush` and
+`end_episode` wait for the items; `close` drops those still waiting.
 
 >>> import replay_tf as reverb
 >>> server = reverb.Server([reverb.Table.queue('q', 10)])

@@ -166,4 +166,5 @@ class InsertQueue:
             owner.finished(item, error)
             item = owner = error = None  # this frame may live on in `error`'s traceback
         for item, owner in dropped:  # (the table is gone: its items can never be inserted)
-            owner.finished(item, errors.TableNotFoundError(f"Priority table {self._table_name} was not found: it was removed."))
+            owner.finished(item, errors.TableNotFoundError(
+                f"Priority table {self._table_name} was not found: it was removed."))

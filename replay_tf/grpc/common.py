@@ -9,6 +9,7 @@ import threading
 import grpc
 
 from replay_tf import errors
+from replay_tf.core import insert_queue
 
 SERVICE = "/deepmind.reverb.ReverbService/"
 CHANNEL_OPTIONS = [
@@ -30,8 +31,9 @@ CHUNK_CACHE_BYTES = 64 << 20      # and at most about this many bytes of them (o
                                   # frames, are not cached: see sample_stream.SampleStream._chunk)
 CLOSE_TIMEOUT_S = 10.0
 CLOSE = object()
-WAIT_SLICE_MS = 250               # the server's blocked inserts and samples check this often that their
-                                  # client is there
+# The server's waits (blocked samples, an insert stream's waits for room and confirmations) check this often
+# that their client is there: the table's insert queue's slice, so that both wait alike.
+WAIT_SLICE_MS = insert_queue.WAIT_SLICE_MS
 
 
 AUTHORIZATION_KEY = "authorization"  # gRPC metadata keys are lower case

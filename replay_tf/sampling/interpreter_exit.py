@@ -23,8 +23,8 @@ class _Generators:
     the thread is ended when it asks for the GIL, and the iterator's destructor, run during finalization,
     waits for it forever: a script that exited with an iterator still open hung about one time in two. At
     exit, before finalization, every generator is told to end (each ends at its next call, or within a
-    poll, `per_iterator.POLL_MS`, if it is waiting for samples), and exit waits until each has ended or has not been
-    called for `QUIET_S` (tf.data's buffer is full: its threads stay out of Python)."""
+    poll, `per_iterator.POLL_MS`, if it is waiting for samples), and exit waits until each has ended or has
+    not been called for `QUIET_S` (tf.data's buffer is full: its threads stay out of Python)."""
 
     # (generous: on a loaded machine tf.data's threads may take a while to come back for the element that
     # ends their iterator, and one of them entering Python during finalization hangs the exit)

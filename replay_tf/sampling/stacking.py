@@ -1,5 +1,6 @@
 """Items gathered per column: the one gather that `TrajectoryDataset`'s batches (client side) and the server's
-stacked sample streams (`wire.stacked_samples`) both run, and the decoded-chunk cache of the latter.
+stacked sample streams (`grpc/server/sample_stream.py`, in the format of `wire.stacked_samples`) both run,
+and the decoded-chunk cache of the latter.
 
 A stacked stream moves the per-sample work to the server, where it runs beside the client instead of in
 the client's single Python thread: the server gathers a response's samples into one array per column (the
@@ -39,7 +40,7 @@ def gather_column(items: list, i: int, out: np.ndarray, tensors_of: TensorsOf = 
     dtype and shape; the caller then stacks item by item, with precise errors.
     """
     n = len(items)
-    columns = [item._columns[i] for item in items]  # (squeeze, chunk, index, start, stop[, chunk, ...])
+    columns = [item.resolved_columns[i] for item in items]  # (squeeze, chunk, index, start, stop[, chunk, ...])
     squeeze = columns[0][0]
     if any(map(squeeze.__ne__, map(_get_squeeze, columns))):
         return False
@@ -187,7 +188,7 @@ def column_layouts(item: chunk_store.Item, tensors_of: TensorsOf, pending_of: Pe
     """`[(dtype, shape), ...]` of an item's columns, or None if some column is not numeric (then its
     samples are not stacked)."""
     layouts = []
-    for col in item._columns:
+    for col in item.resolved_columns:
         pending = pending_of(col[1])
         tensor = pending[col[2]] if pending is not None else tensors_of(col[1])[col[2]]
         if tensor.dtype.kind not in "biuf" or tensor.dtype.byteorder == ">":
@@ -204,7 +205,7 @@ def stack_items(items: list, layouts: list, tensors_of: TensorsOf, pending_of: P
     """The columns of `items` stacked as `layouts` (`column_layouts` of one of them): one C-contiguous array
     per column, shaped `[len(items), *column shape]`; None when some item does not fit (columns of other
     counts, dtypes or shapes), and the items are sent one by one."""
-    if any(len(item._columns) != len(layouts) for item in items):
+    if any(len(item.resolved_columns) != len(layouts) for item in items):
         return None
     stacked = []
     for i, (dtype, shape) in enumerate(layouts):
@@ -220,6 +221,6 @@ def gather_into(layout: stacked_samples.StackedLayout, buffer: memoryview, items
     """Writes `layout`'s response into `buffer` (see `StackedLayout.write_into`), gathering column `i` of
     `items[k]` into its row `k` (`gather_column`); False when some item does not fit the layout (the
     buffer is then partly written)."""
-    if any(len(item._columns) != layout.num_columns for item in items):  # (as `stack_items` checks)
+    if any(len(item.resolved_columns) != layout.num_columns for item in items):  # (as `stack_items` checks)
         return False
     return layout.write_into(buffer, lambda i, out: gather_column(items, i, out, tensors_of, pending_of))

@@ -1,8 +1,8 @@
 """`TableEntry`: a table of the service and what the service caches about it.
 
 Each entry holds its table and the table's name as the serialized field of sample responses, and gives
-the table's `TableInfo` for ServerInfo. The
-servicer keeps one entry per table; `insert_stream` and `sample_stream` look them up by table name.
+the table's `TableInfo` for ServerInfo. The servicer keeps one entry per table; `insert_stream` and
+`sample_stream` look them up by table name.
 """
 from __future__ import annotations
 

@@ -4,7 +4,8 @@
       episodes and steps per split, the step and episode fields (dtype, shape), statistics of episode
       returns (sum of rewards) and lengths; `--plot` draws both per episode (needs matplotlib).
   rlds-tf convert SRC DST --format array_record|tfrecord [--max-episodes-per-file N]
-      rewrites a dataset in the other on-disk format (same features, splits and episodes, in order).
+      copies a dataset into the other on-disk format (same features, splits and episodes, in order; the
+      episode records are copied byte for byte, never decoded and re-encoded), re-sharded N episodes a file.
       With --runner and/or --num-workers N, runs as an Apache Beam pipeline (shards read and written in
       parallel; needs `pip install rl-data-tf[beam]`); further options go to Beam's PipelineOptions as given.
   rlds-tf stats DIR [--split S] [--json] [--runner R] [--num-workers N] [BEAM OPTIONS]
@@ -194,7 +195,11 @@ def _dataset_config(builder):
 
 def convert(src: str, dst: str, file_format: str, *, data_dir: Optional[str] = None,
             max_episodes_per_file: int = 1000) -> Dict[str, int]:
-    """Rewrites the dataset `src` into `dst` in `file_format`; returns `{split: episodes written}`.
+    """Copies the dataset `src` into `dst` in `file_format`; returns `{split: episodes written}`.
+
+    The episode records are copied byte for byte (the features do not change, so nothing is decoded or
+    re-encoded: JPEG frames keep their exact bytes), in each split's order, `max_episodes_per_file` to a
+    shard; each record is still parsed with the dataset's features, so a corrupt source is refused.
 
     The dataset is written into a hidden sibling directory of `dst` and renamed to `dst` only once every
     episode is written: a failed conversion (unreadable source, full disk, interrupt) leaves no `dst`
@@ -203,8 +208,7 @@ def convert(src: str, dst: str, file_format: str, *, data_dir: Optional[str] = N
     Raises:
       ValueError: bad arguments, or an unreadable source record (names the shard and record).
     """
-    import tensorflow_datasets as tfds  # noqa: PLC0415  (imports TF: after argument parsing)
-
+    from rlds_tf import _raw_records  # noqa: PLC0415  (imports TF: after argument parsing)
     from rlds_tf import loading  # noqa: PLC0415  (imports TF: after argument parsing)
     from rlds_tf.recording import tfds_writer  # noqa: PLC0415  (imports TF: after argument parsing)
 
@@ -233,8 +237,8 @@ def convert(src: str, dst: str, file_format: str, *, data_dir: Optional[str] = N
             for split in splits:
                 counts[split] = 0
                 with _read_errors_named(builder, split):
-                    for episode in tfds.as_numpy(loading.load_stacked(src, split, data_dir=data_dir)):
-                        writer.add_episode(episode, split=split)
+                    for record in _raw_records.split_records(builder, split):
+                        writer.add_serialized(record, split=split)
                         counts[split] += 1
         finally:
             writer.close()
@@ -387,7 +391,8 @@ def _parser() -> argparse.ArgumentParser:
                              help="save a plot of per-episode returns and lengths (needs matplotlib)")
     info_parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     info_parser.set_defaults(run=info)
-    convert_parser = commands.add_parser("convert", help="rewrite a dataset as tfrecord or array_record")
+    convert_parser = commands.add_parser("convert", help="copy a dataset's episode records, unchanged, into "
+                                                          "tfrecord or array_record shards")
     convert_parser.add_argument("src", metavar="SRC", help="dataset directory or registered TFDS name")
     convert_parser.add_argument("dst", metavar="DST", help="new (or empty) output directory")
     convert_parser.add_argument("--format", required=True, choices=_FORMATS, help="on-disk format of DST")

@@ -39,8 +39,12 @@ def pipeline_options(runner: Optional[str], num_workers: Optional[int],
 def convert(src: str, dst: str, file_format: str, *, options: PipelineOptions,
             max_episodes_per_file: int = 1000, num_shards: Optional[int] = None,
             report_progress: bool = True) -> Dict[str, int]:
-    """`rlds-tf convert` on Beam: the same directory the single-process convert writes; `{split: episodes}`."""
-    read = ReadEpisodes(src, with_index=True, report_progress=report_progress)
+    """`rlds-tf convert` on Beam: the same directory the single-process convert writes; `{split: episodes}`.
+
+    The episode records are copied byte for byte (read raw per shard, checked against the features, written
+    in each split's order), as the single-process convert copies them.
+    """
+    read = ReadEpisodes(src, with_index=True, report_progress=report_progress, raw_records=True)
     if os.path.abspath(os.path.expanduser(src)) == os.path.abspath(os.path.expanduser(dst)):
         raise ValueError(f"DST ({dst!r}) must differ from the source directory")
     write = WriteEpisodes(dst, read.info, num_shards, file_format=file_format, version=str(read.info.version),

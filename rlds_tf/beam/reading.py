@@ -2,7 +2,9 @@
 
 Each shard (tfrecord or array_record) becomes one unit of work: a worker reads the episodes it holds with
 `rlds_tf.load_stacked` over the split slice the shard covers, so the values are exactly what `load_stacked`
-gives in one process (numpy arrays; strings as bytes; images decoded by their TFDS feature).
+gives in one process (numpy arrays; strings as bytes; images decoded by their TFDS feature). With
+`raw_records=True` a worker yields the shard's serialized records as stored instead, each parsed with the
+features to check it: what `rlds-tf convert` copies.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from typing import Any, Iterator, List, Optional, Tuple
 import apache_beam as beam
 import tensorflow_datasets as tfds
 
+from rlds_tf import _raw_records
 from rlds_tf import loading
 
 # (split, index of the shard's first episode in the split, number of episodes, shard file name)
@@ -33,19 +36,27 @@ def shard_tasks(dataset_builder: tfds.core.DatasetBuilder, split: str) -> List[S
 
 
 class _ReadShard(beam.DoFn):
-    """Reads the episodes of one shard with `load_stacked`; yields them (with their index in the split)."""
+    """Reads the episodes of one shard with `load_stacked` (or its serialized records, checked against the
+    features); yields them (with their index in the split)."""
 
-    def __init__(self, directory: str, with_index: bool, report_progress: bool, num_shards: int):
+    def __init__(self, directory: str, with_index: bool, report_progress: bool, num_shards: int,
+                 raw_records: bool = False):
         self._directory = directory
         self._with_index = with_index
         self._report_progress = report_progress
         self._num_shards = num_shards
+        self._raw_records = raw_records
 
     def process(self, task: ShardTask) -> Iterator[Any]:
         split, start, length, filename = task
-        episodes = loading.load_stacked(self._directory, f"{split}[{start}:{start + length}]", validate=False)
+        shard_split = f"{split}[{start}:{start + length}]"
+        if self._raw_records:
+            builder = loading.builder(self._directory, validate=False)
+            episodes = _raw_records.split_records(builder, shard_split)
+        else:
+            episodes = tfds.as_numpy(loading.load_stacked(self._directory, shard_split, validate=False))
         count = 0
-        for episode in tfds.as_numpy(episodes):
+        for episode in episodes:
             yield (start + count, episode) if self._with_index else episode
             count += 1
         if count != length:
@@ -70,6 +81,9 @@ class ReadEpisodes(beam.PTransform):
       split: one split name (the transform gives a PCollection), or None: every split, as a dict
         `{split: PCollection}` (what `WriteEpisodes` takes).
       with_index: yield `(index, episode)` pairs.
+      raw_records: yield each episode's serialized record (bytes, as stored; parsed with the features to
+        check it, never decoded) instead of its decoded values: what `WriteEpisodes` copies unchanged into a
+        dataset with the same features (`rlds-tf convert` on Beam).
       report_progress: print a line to stderr as each shard is read.
 
     Raises:
@@ -90,7 +104,7 @@ class ReadEpisodes(beam.PTransform):
     """
 
     def __init__(self, path_or_builder_dir: Any, split: Optional[str] = None, *, with_index: bool = False,
-                 report_progress: bool = False):
+                 report_progress: bool = False, raw_records: bool = False):
         super().__init__()
         self._directory = os.fspath(path_or_builder_dir)
         builder = loading.builder(self._directory)
@@ -103,6 +117,7 @@ class ReadEpisodes(beam.PTransform):
         self._tasks = {name: shard_tasks(builder, name) for name in self._splits}
         self._with_index = with_index
         self._report_progress = report_progress
+        self._raw_records = raw_records
         self.features = builder.info.features
         self.info = builder.info
 
@@ -119,5 +134,6 @@ class ReadEpisodes(beam.PTransform):
                           # Spreads the shards over the workers (Create alone may keep them on one).
                           | f"Spread[{split}]" >> beam.Reshuffle()
                           | f"Read[{split}]" >> beam.ParDo(_ReadShard(self._directory, self._with_index,
-                                                                       self._report_progress, len(tasks))))
+                                                                       self._report_progress, len(tasks),
+                                                                       self._raw_records)))
         return out[self._splits[0]] if self._single else out

@@ -1,7 +1,8 @@
 """`WriteEpisodes`: a PCollection of episodes written as an RLDS dataset directory, shards in parallel.
 
 The directory is what `rlds_tf`'s recorder and `rlds-tf convert` write, byte for byte for the same episodes in
-the same order and the same shard sizes: the records come from the recorder's encoder, shards are named and
+the same order and the same shard sizes: the records come from the recorder's encoder (or are copied as given,
+for records already serialized), shards are named and
 framed as TFDS's `SequentialWriter` names and frames them, and the metadata files (dataset_info.json with the
 shard lengths, features.json) are written by the recorder's code. Everything goes into a hidden sibling of the
 destination, renamed to it by the last step once every shard is written: a pipeline that fails or is killed
@@ -67,7 +68,11 @@ def _in_feature_order(value: Any, feature: Any) -> Any:
 
 
 class _Serialize(beam.DoFn):
-    """Episode (or `(index, episode)`) -> `(sort key, record)`: indexed episodes keep their index as the key."""
+    """Episode (or `(index, episode)`) -> `(sort key, record)`: indexed episodes keep their index as the key.
+
+    An episode given as bytes is a record already serialized with these features (`ReadEpisodes(...,
+    raw_records=True)`), written as it is.
+    """
 
     def __init__(self, config, version: str):
         self._config = config
@@ -79,13 +84,18 @@ class _Serialize(beam.DoFn):
         self._features = _build_info(self._config, self._version, "").features
         self._encoder = EpisodeEncoder(self._features)
 
+    def _serialized(self, episode: Any) -> bytes:
+        if isinstance(episode, bytes):
+            return episode
+        return tfds_writer.serialize_episode(self._encoder, _in_feature_order(episode, self._features))
+
     def process(self, element: Any) -> Iterable[Tuple[Any, bytes]]:
         if isinstance(element, tuple) and len(element) == 2 and not isinstance(element[0], Mapping):
             index, episode = element
-            serialized = tfds_writer.serialize_episode(self._encoder, _in_feature_order(episode, self._features))
+            serialized = self._serialized(episode)
             yield (0, int(index)), serialized
         else:
-            serialized = tfds_writer.serialize_episode(self._encoder, _in_feature_order(element, self._features))
+            serialized = self._serialized(element)
             # Episodes without an index get a deterministic order: by the digest of their record.
             yield (1, hashlib.sha256(serialized).hexdigest()), serialized
 
@@ -191,7 +201,9 @@ class WriteEpisodes(beam.PTransform):
     `ReadEpisodes(dir)` gives). Elements are episodes, `{'steps': <dict of [T, ...] arrays or list of step
     dicts>, **metadata}`, or `(index, episode)` pairs: pairs are written in index order (as
     `ReadEpisodes(..., with_index=True)` yields them, so a read-write pipeline keeps the order); bare
-    episodes in the order of the digests of their records (deterministic, not the arrival order).
+    episodes in the order of the digests of their records (deterministic, not the arrival order). An episode
+    may also be its record already serialized with these features (bytes, as `ReadEpisodes(...,
+    raw_records=True)` yields them): it is written unchanged.
 
     The output is a PCollection with one element, `{split: episodes written}`, once the directory is in place.
 

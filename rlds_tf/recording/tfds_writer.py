@@ -209,6 +209,16 @@ class DatasetWriter:
         self._writer.add_serialized(split, serialized)
         self.num_episodes += 1
 
+    def add_serialized(self, serialized: bytes, *, split: str | None = None) -> None:
+        """Writes an episode record as it is: one serialized with this dataset's features (e.g. copied from a
+        dataset with the same features; `rlds-tf convert` copies records so)."""
+        self._check_open()
+        split = split or self._split_names[0]
+        if split not in self._split_names:
+            raise KeyError(f"unknown split {split!r}; this writer has {self._split_names}")
+        self._writer.add_serialized(split, serialized)
+        self.num_episodes += 1
+
     def close(self) -> None:
         """Drops an unfinished episode, closes the shards and writes the final metadata."""
         if self._closed:

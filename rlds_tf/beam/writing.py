@@ -86,8 +86,10 @@ class _Serialize(beam.DoFn):
             yield (0, int(index)), serialized
         else:
             serialized = tfds_writer.serialize_episode(self._encoder, _in_feature_order(element, self._features))
-            # Episodes without an index get a deterministic order: by the digest of their record.
-            yield (1, hashlib.sha256(serialized).hexdigest()), serialized
+            # Episodes without an index are ordered by the digest of their record (deterministic). Identical
+            # episodes (repeated demonstrations) share a digest; a random tie-break gives each its own rank,
+            # and which copy takes which rank does not change the bytes written.
+            yield (1, hashlib.sha256(serialized).hexdigest(), uuid.uuid4().hex), serialized
 
 
 def _shard_of(keyed: Tuple[Any, bytes], sorted_keys: List[Any], num_shards: Optional[int],
@@ -105,9 +107,9 @@ def _check_unique_keys(sorted_keys: List[Any], split: str) -> List[Any]:
         raise ValueError(f"split {split!r}: some elements are (index, episode) pairs and some bare episodes; "
                          f"give one kind")
     for a, b in zip(sorted_keys, sorted_keys[1:]):
-        if a == b:
-            what = f"index {a[1]}" if a[0] == 0 else "the same record"
-            raise ValueError(f"split {split!r}: two elements have {what}; indices must be unique")
+        if a == b:  # only indices can repeat: bare episodes' keys carry a tie-break
+            raise ValueError(f"split {split!r}: two (index, episode) pairs have index {a[1]}; each episode "
+                             f"needs its own index (ReadEpisodes(..., with_index=True) gives one per episode)")
     return sorted_keys
 
 
@@ -191,7 +193,8 @@ class WriteEpisodes(beam.PTransform):
     `ReadEpisodes(dir)` gives). Elements are episodes, `{'steps': <dict of [T, ...] arrays or list of step
     dicts>, **metadata}`, or `(index, episode)` pairs: pairs are written in index order (as
     `ReadEpisodes(..., with_index=True)` yields them, so a read-write pipeline keeps the order); bare
-    episodes in the order of the digests of their records (deterministic, not the arrival order).
+    episodes in the order of the digests of their records (deterministic, not the arrival order; identical
+    episodes may repeat).
 
     The output is a PCollection with one element, `{split: episodes written}`, once the directory is in place.
 
@@ -211,7 +214,7 @@ class WriteEpisodes(beam.PTransform):
 
     Raises:
       ValueError: at construction, bad arguments or a destination that exists and is not empty; in the
-        pipeline, two episodes with the same index.
+        pipeline, two (index, episode) pairs with the same index.
     """
 
     def __init__(self, path: Any, features: Any, num_shards: Optional[int] = None, *, split: str = "train",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import json
 import os
 import sys
 import uuid
@@ -148,7 +149,11 @@ class _WriteShard(beam.DoFn):
 
 
 class _Finalize(beam.DoFn):
-    """Writes the metadata files into the hidden directory and renames it to the destination."""
+    """Writes the metadata files into the hidden directory and renames it to the destination.
+
+    Safe to run again (a runner retries a step whose result it did not record): once the destination holds
+    this dataset's dataset_info.json, a rerun only reports the counts.
+    """
 
     def __init__(self, config, version: str, file_format: str, partial: str, destination: str,
                  split_names: List[str]):
@@ -159,13 +164,43 @@ class _Finalize(beam.DoFn):
         self._destination = destination
         self._split_names = split_names
 
-    def process(self, shards: List[Tuple[str, int, int, int]]) -> Iterable[Dict[str, int]]:
+    def _already_renamed(self, lengths: Dict[str, List[int]]) -> bool:
+        """True if an earlier attempt put this dataset (the same shard lengths) at the destination."""
+        if os.path.isdir(self._partial):
+            return False
+        try:
+            with open(os.path.join(self._destination, "dataset_info.json"), encoding="utf-8") as f:
+                splits = json.load(f).get("splits", [])
+        except (FileNotFoundError, NotADirectoryError, ValueError):
+            return False
+        return {s.get("name"): [int(n) for n in s.get("shardLengths", [])] for s in splits} == lengths
+
+    def process(self, shards: List[Tuple[str, int, int, int]],
+                expected: List[Tuple[str, int]]) -> Iterable[Dict[str, int]]:
         by_split: Dict[str, Dict[int, Tuple[int, int]]] = {s: {} for s in self._split_names}
         for split, shard, length, num_bytes in shards:
             by_split[split][shard] = (length, num_bytes)
+        expected_counts = dict(expected)
         for split, found in by_split.items():
             if sorted(found) != list(range(len(found))):
                 raise ValueError(f"split {split!r}: shards {sorted(found)} were written; expected 0..{len(found) - 1}")
+            written = sum(length for length, _ in found.values())
+            # A lost last shard leaves the others numbered 0..k-1: only the episode count shows it.
+            if written != expected_counts.get(split, 0):
+                raise ValueError(f"split {split!r}: the shards written hold {written} episodes; expected "
+                                 f"{expected_counts.get(split, 0)} (the episodes given)")
+        lengths = {split: [by_split[split][i][0] for i in range(len(by_split[split]))] for split in self._split_names}
+        counts = {split: sum(lengths[split]) for split in self._split_names}
+        if self._already_renamed(lengths):
+            yield counts
+            return
+        # The rename's precondition, checked before any metadata makes the hidden directory look complete.
+        if os.path.isdir(self._destination) and os.listdir(self._destination):
+            raise ValueError(f"the destination {self._destination!r} is no longer empty; the dataset stays in "
+                             f"{self._partial!r} without metadata")
+        if os.path.exists(self._destination) and not os.path.isdir(self._destination):
+            raise ValueError(f"the destination {self._destination!r} is a file; the dataset stays in "
+                             f"{self._partial!r} without metadata")
         os.makedirs(self._partial, exist_ok=True)
         info = _build_info(self._config, self._version, self._partial)
         info.set_file_format(self._file_format)
@@ -177,13 +212,12 @@ class _Finalize(beam.DoFn):
             tfds.core.SplitInfo(name=split, shard_lengths=[], num_bytes=0, filename_template=template(split))
             for split in self._split_names])
         tfds_writer.write_split_entries(self._partial, base, [
-            (split, _SHARD_TEMPLATE, [by_split[split][i][0] for i in range(len(by_split[split]))],
-             sum(n for _, n in by_split[split].values()))
+            (split, _SHARD_TEMPLATE, lengths[split], sum(n for _, n in by_split[split].values()))
             for split in self._split_names])
         if os.path.isdir(self._destination):
-            os.rmdir(self._destination)  # empty when checked at construction; raises if something was added
+            os.rmdir(self._destination)  # empty when checked above; raises if something was added since
         os.rename(self._partial, self._destination)
-        yield {split: sum(length for length, _ in by_split[split].values()) for split in self._split_names}
+        yield counts
 
 
 class WriteEpisodes(beam.PTransform):
@@ -253,7 +287,7 @@ class WriteEpisodes(beam.PTransform):
         by_split = dict(episodes) if isinstance(episodes, dict) else {self._split: episodes}
         if not by_split:
             raise ValueError("WriteEpisodes got an empty dict of PCollections; give at least one split")
-        written = []
+        written, expected = [], []
         for split, pcoll in by_split.items():
             keyed = pcoll | f"Serialize[{split}]" >> beam.ParDo(_Serialize(self._config, self._version))
             sorted_keys = (keyed
@@ -268,8 +302,11 @@ class WriteEpisodes(beam.PTransform):
                           self.partial_directory, self._config.name, split, self._file_format,
                           self._report_progress)))
             written.append(shards)
+            expected.append(sorted_keys | f"Count[{split}]" >> beam.Map(lambda keys, s=split: (s, len(keys))))
+        expected_counts = beam.pvalue.AsList(expected | "AllCounts" >> beam.Flatten())
         return (written
                 | "AllShards" >> beam.Flatten()
                 | "ShardList" >> beam.combiners.ToList()
                 | "Finalize" >> beam.ParDo(_Finalize(self._config, self._version, self._file_format,
-                                                     self.partial_directory, self._destination, list(by_split))))
+                                                     self.partial_directory, self._destination, list(by_split)),
+                                       expected_counts))

@@ -66,3 +66,45 @@ def test_repeated_indices_are_named(tmp_path):
         with beam.Pipeline() as p:
             _ = (p | beam.Create([(0, _episode(2, 0)), (1, _episode(2, 1)), (1, _episode(3, 2))])
                  | WriteEpisodes(str(tmp_path / "out"), _features()))
+
+
+def _finalize(tmp_path):
+    from rlds_tf.beam import writing  # noqa: PLC0415
+    destination, partial = str(tmp_path / "out"), str(tmp_path / ".out.partial-x")
+    os.makedirs(partial)
+    for k in range(2):
+        with open(os.path.join(partial, f"toy-train.tfrecord-{k:05d}"), "wb") as f:
+            f.write(b"x")
+    fn = writing._Finalize(writing._config_from(_features(), None), "0.0.1", "tfrecord", partial, destination,
+                           ["train"])
+    return fn, destination, partial
+
+
+def test_finalize_run_again_after_the_rename_reports_the_same_counts(tmp_path):
+    fn, destination, partial = _finalize(tmp_path)
+    shards = [("train", 0, 2, 10), ("train", 1, 1, 5)]
+    assert list(fn.process(shards, [("train", 3)])) == [{"train": 3}]
+    with open(os.path.join(destination, "dataset_info.json"), encoding="utf-8") as f:
+        first = f.read()
+    assert list(fn.process(shards, [("train", 3)])) == [{"train": 3}]  # a retried finalize
+    assert sorted(os.listdir(tmp_path)) == ["out"]  # no hidden directory made by the retry
+    with open(os.path.join(destination, "dataset_info.json"), encoding="utf-8") as f:
+        assert f.read() == first
+
+
+def test_finalize_checks_the_destination_before_writing_metadata(tmp_path):
+    fn, destination, partial = _finalize(tmp_path)
+    os.makedirs(destination)
+    with open(os.path.join(destination, "intruder"), "w") as f:
+        f.write("x")
+    with pytest.raises(ValueError, match="no longer empty"):
+        list(fn.process([("train", 0, 2, 10), ("train", 1, 1, 5)], [("train", 3)]))
+    assert "dataset_info.json" not in os.listdir(partial)
+
+
+def test_finalize_detects_a_lost_last_shard(tmp_path):
+    fn, destination, partial = _finalize(tmp_path)
+    with pytest.raises(ValueError, match=r"hold 2 episodes; expected 3"):
+        list(fn.process([("train", 0, 2, 10)], [("train", 3)]))
+    assert not os.path.exists(destination)
+    assert "dataset_info.json" not in os.listdir(partial)

@@ -10,6 +10,7 @@ leaves no directory that looks like a complete dataset.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import hashlib
 import json
 import os
@@ -29,6 +30,8 @@ from rlds_tf.recording.episode_encoder import EpisodeEncoder
 # The shard names TFDS's SequentialWriter gives (what the recorder and `rlds-tf convert` write).
 _SHARD_TEMPLATE = "{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_INDEX}"
 _FORMATS = ("tfrecord", "array_record")
+# Shard files being written (see _WriteShard); _Finalize removes those of attempts that died.
+_TEMPORARY_PREFIX = ".attempt-"
 
 
 def _config_from(features_or_spec: Any, name: Optional[str]) -> tfds.rlds.rlds_base.DatasetConfig:
@@ -130,19 +133,28 @@ class _WriteShard(beam.DoFn):
         suffix = file_adapters.FileFormat(self._file_format).file_suffix
         os.makedirs(self._partial, exist_ok=True)
         path = os.path.join(self._partial, f"{self._dataset_name}-{self._split}.{suffix}-{shard:05d}")
-        # A retried shard rewrites its file whole: the name depends only on the shard index.
-        if self._file_format == "tfrecord":
-            writer = tf.io.TFRecordWriter(path)
-        else:
-            from array_record.python import array_record_module  # optional dependency, only for this format
-            writer = array_record_module.ArrayRecordWriter(path, "group_size:1")
+        # Each attempt writes its own temporary file beside the shard and renames it over the shard's name
+        # (an atomic replace): a retried or duplicate attempt never leaves a torn shard, and the last one to
+        # finish leaves the same bytes as any other.
+        temporary = os.path.join(self._partial, f"{_TEMPORARY_PREFIX}{os.path.basename(path)}-{uuid.uuid4().hex}")
         try:
-            for record in records:
-                writer.write(record)
-            if hasattr(writer, "flush"):
-                writer.flush()
-        finally:
-            writer.close()
+            if self._file_format == "tfrecord":
+                writer = tf.io.TFRecordWriter(temporary)
+            else:
+                from array_record.python import array_record_module  # optional dependency, only for this format
+                writer = array_record_module.ArrayRecordWriter(temporary, "group_size:1")
+            try:
+                for record in records:
+                    writer.write(record)
+                if hasattr(writer, "flush"):
+                    writer.flush()
+            finally:
+                writer.close()
+            os.replace(temporary, path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(temporary)
+            raise
         if self._report_progress:
             print(f"wrote {os.path.basename(path)}: {len(records)} episodes", file=sys.stderr, flush=True)
         yield self._split, shard, len(records), sum(len(r) for r in records)
@@ -202,6 +214,10 @@ class _Finalize(beam.DoFn):
             raise ValueError(f"the destination {self._destination!r} is a file; the dataset stays in "
                              f"{self._partial!r} without metadata")
         os.makedirs(self._partial, exist_ok=True)
+        for name in os.listdir(self._partial):
+            if name.startswith(_TEMPORARY_PREFIX):
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(os.path.join(self._partial, name))
         info = _build_info(self._config, self._version, self._partial)
         info.set_file_format(self._file_format)
         template = lambda split: tfds.core.ShardedFileTemplate(  # noqa: E731

@@ -108,3 +108,52 @@ def test_finalize_detects_a_lost_last_shard(tmp_path):
         list(fn.process([("train", 0, 2, 10)], [("train", 3)]))
     assert not os.path.exists(destination)
     assert "dataset_info.json" not in os.listdir(partial)
+
+
+_TFRecordWriter = tf.io.TFRecordWriter
+
+
+class _FailingWriter:
+    """A TFRecordWriter that writes its first record, then fails (a worker dying mid-shard)."""
+
+    def __init__(self, path):
+        self._writer = _TFRecordWriter(path)
+        self._written = 0
+
+    def write(self, record):
+        if self._written == 1:
+            raise OSError("disk full")
+        self._writer.write(record)
+        self._written += 1
+
+    def flush(self):
+        self._writer.flush()
+
+    def close(self):
+        self._writer.close()
+
+
+def test_a_failed_shard_attempt_leaves_the_earlier_shard_whole(tmp_path, monkeypatch):
+    from rlds_tf.beam import writing  # noqa: PLC0415
+    partial = str(tmp_path / ".out.partial-x")
+    fn = writing._WriteShard(partial, "toy", "train", "tfrecord", report_progress=False)
+    element = (0, [((0, 0), b"first record"), ((0, 1), b"second record")])
+    assert list(fn.process(element)) == [("train", 0, 2, len(b"first record") + len(b"second record"))]
+    path = os.path.join(partial, "toy-train.tfrecord-00000")
+    with open(path, "rb") as f:
+        whole = f.read()
+    assert [r.numpy() for r in tf.data.TFRecordDataset(path)] == [b"first record", b"second record"]
+    monkeypatch.setattr(writing.tf.io, "TFRecordWriter", _FailingWriter)
+    with pytest.raises(OSError, match="disk full"):
+        list(fn.process(element))  # a retry of the same shard that dies half way
+    with open(path, "rb") as f:
+        assert f.read() == whole
+    assert os.listdir(partial) == ["toy-train.tfrecord-00000"]  # the failed attempt's file is gone
+
+
+def test_finalize_removes_the_files_of_dead_attempts(tmp_path):
+    fn, destination, partial = _finalize(tmp_path)
+    with open(os.path.join(partial, ".attempt-toy-train.tfrecord-00001-0123"), "wb") as f:
+        f.write(b"torn")
+    assert list(fn.process([("train", 0, 2, 10), ("train", 1, 1, 5)], [("train", 3)])) == [{"train": 3}]
+    assert not [n for n in os.listdir(destination) if n.startswith(".")]

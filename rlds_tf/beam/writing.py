@@ -156,7 +156,8 @@ class _WriteShard(beam.DoFn):
                 os.remove(temporary)
             raise
         if self._report_progress:
-            print(f"wrote {os.path.basename(path)}: {len(records)} episodes", file=sys.stderr, flush=True)
+            print(f"wrote {os.path.basename(path)}: {len(records)} episode{'' if len(records) == 1 else 's'}",
+                  file=sys.stderr, flush=True)
         yield self._split, shard, len(records), sum(len(r) for r in records)
 
 

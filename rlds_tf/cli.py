@@ -336,7 +336,7 @@ def stats_command(args: argparse.Namespace) -> int:
         print(f"rlds-tf stats: {e}", file=sys.stderr)
         return 1
     if args.json:
-        print(json.dumps(summary, indent=2))
+        print(json.dumps(summary, indent=2, allow_nan=False))  # to_json made NaN null: strict JSON
     else:
         _print_statistics(summary)
     return 0

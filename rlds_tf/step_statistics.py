@@ -122,8 +122,22 @@ class StepStatistics:
         return out
 
 
+def _json_value(value: Any) -> Any:
+    """An array or number as JSON values: nested lists, with NaN and infinities as None (strict JSON: null)."""
+    if isinstance(value, (np.ndarray, np.generic)):
+        value = value.tolist()
+    if isinstance(value, list):
+        return [_json_value(v) for v in value]
+    if isinstance(value, float) and not np.isfinite(value):
+        return None
+    return value
+
+
 def to_json(num_episodes: int, fields: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
-    """`{'episodes': n, 'fields': ...}` with `StepStatistics.result()`'s arrays as lists (JSON values)."""
+    """`{'episodes': n, 'fields': ...}` with `StepStatistics.result()`'s arrays as lists (strict JSON values).
+
+    Figures that are not finite, such as the std of a field seen in one step only, become None (JSON null):
+    `json.dumps(..., allow_nan=False)` accepts the result.
+    """
     return {"episodes": int(num_episodes),
-            "fields": {path: {k: (v.tolist() if isinstance(v, (np.ndarray, np.generic)) else v) for k, v in s.items()}
-                       for path, s in fields.items()}}
+            "fields": {path: {k: _json_value(v) for k, v in s.items()} for path, s in fields.items()}}

@@ -59,7 +59,7 @@ def convert(src: str, dst: str, file_format: str, *, options: PipelineOptions,
 
 def _write_json(summary: Dict[str, Any], path: str) -> None:
     with tf.io.gfile.GFile(path, "w") as f:
-        f.write(json.dumps(summary))
+        f.write(json.dumps(summary, allow_nan=False))
 
 
 def stats(directory: str, *, options: PipelineOptions, split: Optional[str] = None,

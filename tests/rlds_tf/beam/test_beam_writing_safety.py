@@ -17,6 +17,7 @@ import tensorflow as tf  # noqa: E402
 import tensorflow_datasets as tfds  # noqa: E402
 
 import rlds_tf  # noqa: E402
+from rlds_dataset_testlib import write_one_step_dataset  # noqa: E402
 from rlds_tf.beam import WriteEpisodes  # noqa: E402
 from rlds_tf.recording import tfds_writer  # noqa: E402
 
@@ -157,3 +158,25 @@ def test_finalize_removes_the_files_of_dead_attempts(tmp_path):
         f.write(b"torn")
     assert list(fn.process([("train", 0, 2, 10), ("train", 1, 1, 5)], [("train", 3)])) == [{"train": 3}]
     assert not [n for n in os.listdir(destination) if n.startswith(".")]
+
+
+def _cli(*argv):
+    return subprocess.run([sys.executable, "-m", "rlds_tf.cli", *argv], cwd=_REPO, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PYTHONPATH": _REPO, "TF_CPP_MIN_LOG_LEVEL": "2"})
+
+
+def _strict_json(text):
+    def refuse(constant):
+        raise ValueError(f"not strict JSON: {constant}")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_beam_stats_json_of_a_one_step_field_is_strict(tmp_path):
+    directory = write_one_step_dataset(str(tmp_path / "one_step"))
+    output = str(tmp_path / "stats.json")
+    done = _cli("stats", directory, "--json", "--runner", "DirectRunner", "--output", output)
+    assert done.returncode == 0, done.stderr[-3000:]
+    expected = {"count": 1, "mean": 1.5, "std": None, "min": 1.5, "max": 1.5}
+    assert _strict_json(done.stdout)["train"]["fields"]["reward"] == expected
+    with open(output, encoding="utf-8") as f:
+        assert _strict_json(f.read())["train"]["fields"]["reward"] == expected

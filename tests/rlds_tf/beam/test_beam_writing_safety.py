@@ -180,3 +180,24 @@ def test_beam_stats_json_of_a_one_step_field_is_strict(tmp_path):
     assert _strict_json(done.stdout)["train"]["fields"]["reward"] == expected
     with open(output, encoding="utf-8") as f:
         assert _strict_json(f.read())["train"]["fields"]["reward"] == expected
+
+
+@pytest.mark.parametrize("argv, unknown", [
+    (["convert", "SRC", "DST", "--format", "tfrecord", "--num-workers", "2", "--max-episode-per-file", "2"],
+     "--max-episode-per-file 2"),
+    (["stats", "DIR", "--runner", "DirectRunner", "--flink_master", "localhost:8081", "--jsn"], "--jsn"),
+    (["stats", "DIR", "EXTRA", "--num-workers", "2"], "EXTRA"),
+])
+def test_arguments_beam_would_drop_are_refused(argv, unknown, tmp_path, capsys):
+    from rlds_tf import cli  # noqa: PLC0415
+    argv = [str(tmp_path / a) if a in ("SRC", "DST", "DIR") else a for a in argv]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"unrecognized arguments: {unknown} (neither rlds-tf {argv[0]} nor any of Beam's PipelineOptions" in err
+
+
+def test_options_of_other_runners_are_passed_through():
+    from rlds_tf.beam import pipelines  # noqa: PLC0415
+    assert pipelines.unknown_options(["--flink_master", "localhost:8081", "--parallelism", "8", "--project", "p",
+                                      "--region", "us-central1", "--temp_location", "gs://b/tmp",
+                                      "--spark_master_url", "spark://h:7077", "--job_name=x"]) == []

@@ -8,8 +8,10 @@
       episode records are copied byte for byte, never decoded and re-encoded), re-sharded N episodes a file.
       With --runner and/or --num-workers N, runs as an Apache Beam pipeline (shards read and written in
       parallel; needs `pip install rl-data-tf[beam]`); further options go to Beam's PipelineOptions as given.
-  rlds-tf stats DIR [--split S] [--json] [--runner R] [--num-workers N] [BEAM OPTIONS]
+  rlds-tf stats DIR [--split S] [--json] [--output PATH] [--runner R] [--num-workers N] [BEAM OPTIONS]
       count, mean, std, min and max of every numeric step field per split, in one process or on Beam.
+      On Beam (convert and stats) an option that neither rlds-tf nor any of Beam's PipelineOptions takes is
+      an error, and --data-dir is not taken: give the dataset directory.
   rlds-tf recover DIR
       repairs a directory left by a killed rlds_tf recorder (see `rlds_tf.recording.recover`); reading a
       dataset (info, convert, `rlds_tf.load`) never writes into it.
@@ -259,7 +261,8 @@ def _uses_beam(args: argparse.Namespace) -> bool:
 
 
 def _beam_pipelines(args: argparse.Namespace):
-    """(`rlds_tf.beam.pipelines`, the pipeline options), or None after printing how to install Beam."""
+    """(`rlds_tf.beam.pipelines`, the pipeline options), or None after printing why not (no Beam installed,
+    or arguments that no Beam PipelineOptions takes)."""
     try:
         import apache_beam  # noqa: F401, PLC0415  (optional: only the Beam paths need it)
     except ImportError:
@@ -267,6 +270,12 @@ def _beam_pipelines(args: argparse.Namespace):
         return None
     from rlds_tf.beam import pipelines  # noqa: PLC0415  (imports TF and Beam: after argument parsing)
 
+    unknown = pipelines.unknown_options(args.beam_args)
+    if unknown:  # Beam would drop them silently: most often a mistyped rlds-tf option
+        print(f"rlds-tf {args.command}: unrecognized arguments: {' '.join(unknown)} (neither rlds-tf "
+              f"{args.command} nor any of Beam's PipelineOptions takes them; see rlds-tf {args.command} --help)",
+              file=sys.stderr)
+        return None
     return pipelines, pipelines.pipeline_options(args.runner, args.num_workers, args.beam_args)
 
 
@@ -326,6 +335,14 @@ def _print_statistics(summary: Dict[str, Any]) -> None:
             print(f"  {field:<24} count {s['count']}  " + "  ".join(figures))
 
 
+def _write_statistics(summary: Dict[str, Any], path: str) -> None:
+    """The figures as one line of strict JSON, what the Beam path's workers write to `--output`."""
+    import tensorflow as tf  # noqa: PLC0415  (imports TF: after argument parsing)
+
+    with tf.io.gfile.GFile(path, "w") as f:  # local paths and the file systems TF reaches (gs://...)
+        f.write(json.dumps(summary, allow_nan=False))
+
+
 def stats_command(args: argparse.Namespace) -> int:
     try:
         if _uses_beam(args):
@@ -336,11 +353,13 @@ def stats_command(args: argparse.Namespace) -> int:
             summary = pipelines.stats(args.directory, options=options, split=args.split, output=args.output)
         else:
             summary = dataset_statistics(args.directory, split=args.split, data_dir=args.data_dir)
-    except (FileNotFoundError, ValueError, ImportError) as e:
+            if args.output is not None:
+                _write_statistics(summary, args.output)
+    except (FileNotFoundError, ValueError, ImportError, OSError) as e:
         print(f"rlds-tf stats: {e}", file=sys.stderr)
         return 1
     if args.json:
-        print(json.dumps(summary, indent=2))
+        print(json.dumps(summary, indent=2, allow_nan=False))  # to_json made NaN null: strict JSON
     else:
         _print_statistics(summary)
     return 0
@@ -407,8 +426,9 @@ def _parser() -> argparse.ArgumentParser:
     stats_parser.add_argument("--data-dir", default=None, help="TFDS data dir, for dataset names")
     stats_parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     stats_parser.add_argument("--output", default=None, metavar="PATH",
-                              help="Beam only: where the workers write the figures (default: a local "
-                                   "temporary file; give a shared path such as gs://... on a cluster)")
+                              help="also write the figures to PATH as JSON (on Beam the workers write it: "
+                                   "default a local temporary file; give a shared path such as gs://... on a "
+                                   "cluster)")
     _add_beam_arguments(stats_parser)
     stats_parser.set_defaults(run=stats_command)
     recover_parser = commands.add_parser("recover", help="repair a directory left by a killed recorder")
@@ -425,6 +445,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(beam_args)} (options for Beam's PipelineOptions are "
                      f"taken only with --runner or --num-workers, by `convert` and `stats`)")
     args.beam_args = beam_args
+    if _uses_beam(args) and getattr(args, "data_dir", None) is not None:
+        # The Beam workers read shards by path: a TFDS name with a data dir would have to resolve on each.
+        parser.error(f"--data-dir is not taken with --runner/--num-workers; give the dataset directory itself "
+                     f"(the one holding dataset_info.json, e.g. {os.path.join(args.data_dir, 'NAME', 'VERSION')})")
     if getattr(args, "num_workers", None) is not None and args.num_workers < 1:
         print(f"rlds-tf {args.command}: --num-workers ({args.num_workers}) must be >= 1", file=sys.stderr)
         return 2

@@ -70,6 +70,14 @@ class _FieldSummary:
         self.min = np.minimum(self.min, other.min)
         self.max = np.maximum(self.max, other.max)
 
+    def copy(self) -> "_FieldSummary":
+        # Every merge rebinds the attributes to new arrays, so sharing the other's arrays would be safe; the
+        # summary object itself must not be shared, or a later merge would change the other accumulator.
+        out = _FieldSummary.__new__(_FieldSummary)
+        for name in self.__slots__:
+            setattr(out, name, getattr(self, name))
+        return out
+
 
 class StepStatistics:
     """A mergeable summary of the numeric step fields of the episodes added to it (see the module docstring)."""
@@ -94,13 +102,13 @@ class StepStatistics:
         return self
 
     def merge(self, other: "StepStatistics") -> "StepStatistics":
-        """Adds `other`'s episodes to this summary (in place) and returns it."""
+        """Adds `other`'s episodes to this summary (in place) and returns it; `other` is left unchanged."""
         self.num_episodes += other.num_episodes
         for path, part in other._fields.items():
             if path in self._fields:
                 self._fields[path].merge(part)
             else:
-                self._fields[path] = part
+                self._fields[path] = part.copy()
         return self
 
     def result(self) -> Dict[str, Dict[str, Any]]:
@@ -114,8 +122,22 @@ class StepStatistics:
         return out
 
 
+def _json_value(value: Any) -> Any:
+    """An array or number as JSON values: nested lists, with NaN and infinities as None (strict JSON: null)."""
+    if isinstance(value, (np.ndarray, np.generic)):
+        value = value.tolist()
+    if isinstance(value, list):
+        return [_json_value(v) for v in value]
+    if isinstance(value, float) and not np.isfinite(value):
+        return None
+    return value
+
+
 def to_json(num_episodes: int, fields: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
-    """`{'episodes': n, 'fields': ...}` with `StepStatistics.result()`'s arrays as lists (JSON values)."""
+    """`{'episodes': n, 'fields': ...}` with `StepStatistics.result()`'s arrays as lists (strict JSON values).
+
+    Figures that are not finite, such as the std of a field seen in one step only, become None (JSON null):
+    `json.dumps(..., allow_nan=False)` accepts the result.
+    """
     return {"episodes": int(num_episodes),
-            "fields": {path: {k: (v.tolist() if isinstance(v, (np.ndarray, np.generic)) else v) for k, v in s.items()}
-                       for path, s in fields.items()}}
+            "fields": {path: {k: _json_value(v) for k, v in s.items()} for path, s in fields.items()}}

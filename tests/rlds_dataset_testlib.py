@@ -37,3 +37,23 @@ def appending_writer(directory: str):
                                                action_info=tf.int64, reward_info=tf.float64,
                                                discount_info=tf.float64)
     return TFDSBackendWriter(directory, config, overwrite=False)
+
+
+def write_one_step_dataset(directory: str) -> str:
+    """A dataset of one episode of one step: every field's sample std is undefined (NaN)."""
+    import numpy as np  # noqa: PLC0415
+    import tensorflow as tf  # noqa: PLC0415
+    import tensorflow_datasets as tfds  # noqa: PLC0415
+
+    from rlds_tf.recording import tfds_writer  # noqa: PLC0415
+
+    config = tfds.rlds.rlds_base.DatasetConfig(name="one_step", observation_info=tf.float32,
+                                               action_info=tf.int64, reward_info=tf.float64,
+                                               discount_info=tf.float64)
+    writer = tfds_writer.DatasetWriter(directory, config, split_names=["train"])
+    writer.add_episode({"steps": {"observation": np.array([0.5], np.float32), "action": np.array([2]),
+                                  "reward": np.array([1.5]), "discount": np.array([1.0]),
+                                  "is_first": np.array([True]), "is_last": np.array([True]),
+                                  "is_terminal": np.array([True])}}, split="train")
+    writer.close()
+    return directory

@@ -5,7 +5,7 @@ import json
 import os
 import shutil
 import tempfile
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import apache_beam as beam
 import tensorflow as tf
@@ -36,6 +36,19 @@ def pipeline_options(runner: Optional[str], num_workers: Optional[int],
     return PipelineOptions(args)
 
 
+def unknown_options(beam_args: Sequence[str]) -> List[str]:
+    """The arguments none of Beam's PipelineOptions classes take: Beam would drop them without a word.
+
+    Parsed with the parser `PipelineOptions.get_all_options` builds from every registered options class
+    (those of the DirectRunner, Dataflow, Flink, Spark, ... and any the caller imported), so an option for
+    any runner passes and a mistyped one (or a stray positional argument) is reported.
+    """
+    parsers = []
+    PipelineOptions([]).get_all_options(add_extra_args_fn=parsers.append)  # (no flags: no warning logged)
+    _, unknown = parsers[0].parse_known_args(list(beam_args))
+    return list(unknown)
+
+
 def convert(src: str, dst: str, file_format: str, *, options: PipelineOptions,
             max_episodes_per_file: int = 1000, num_shards: Optional[int] = None,
             report_progress: bool = True) -> Dict[str, int]:
@@ -63,7 +76,7 @@ def convert(src: str, dst: str, file_format: str, *, options: PipelineOptions,
 
 def _write_json(summary: Dict[str, Any], path: str) -> None:
     with tf.io.gfile.GFile(path, "w") as f:
-        f.write(json.dumps(summary))
+        f.write(json.dumps(summary, allow_nan=False))
 
 
 def stats(directory: str, *, options: PipelineOptions, split: Optional[str] = None,

@@ -39,12 +39,13 @@ class _ReadShard(beam.DoFn):
     """Reads the episodes of one shard with `load_stacked` (or its serialized records, checked against the
     features); yields them (with their index in the split)."""
 
-    def __init__(self, directory: str, with_index: bool, report_progress: bool, num_shards: int,
+    def __init__(self, directory: str, with_index: bool, report_progress: bool, shard_names: List[str],
                  raw_records: bool = False):
         self._directory = directory
         self._with_index = with_index
         self._report_progress = report_progress
-        self._num_shards = num_shards
+        # The progress line gives each shard's ordinal in its split: k of N.
+        self._ordinals = {name: k for k, name in enumerate(shard_names, start=1)}
         self._raw_records = raw_records
 
     def process(self, task: ShardTask) -> Iterator[Any]:
@@ -63,7 +64,8 @@ class _ReadShard(beam.DoFn):
             raise ValueError(f"{os.path.join(self._directory, filename)}: expected {length} episodes "
                              f"(dataset_info.json), read {count}")
         if self._report_progress:
-            print(f"read {filename}: {count} episodes (1 of {self._num_shards} shards of split {split!r})",
+            print(f"read {filename}: {count} episode{'' if count == 1 else 's'} (shard "
+                  f"{self._ordinals[filename]} of {len(self._ordinals)} of split {split!r})",
                   file=sys.stderr, flush=True)
 
 
@@ -134,6 +136,6 @@ class ReadEpisodes(beam.PTransform):
                           # Spreads the shards over the workers (Create alone may keep them on one).
                           | f"Spread[{split}]" >> beam.Reshuffle()
                           | f"Read[{split}]" >> beam.ParDo(_ReadShard(self._directory, self._with_index,
-                                                                       self._report_progress, len(tasks),
+                                                                       self._report_progress, [t[3] for t in tasks],
                                                                        self._raw_records)))
         return out[self._splits[0]] if self._single else out

@@ -11,7 +11,9 @@ leaves no directory that looks like a complete dataset.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import hashlib
+import json
 import os
 import sys
 import uuid
@@ -29,6 +31,8 @@ from rlds_tf.recording.episode_encoder import EpisodeEncoder
 # The shard names TFDS's SequentialWriter gives (what the recorder and `rlds-tf convert` write).
 _SHARD_TEMPLATE = "{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_INDEX}"
 _FORMATS = ("tfrecord", "array_record")
+# Shard files being written (see _WriteShard); _Finalize removes those of attempts that died.
+_TEMPORARY_PREFIX = ".attempt-"
 
 
 def _config_from(features_or_spec: Any, name: Optional[str]) -> tfds.rlds.rlds_base.DatasetConfig:
@@ -96,8 +100,10 @@ class _Serialize(beam.DoFn):
             yield (0, int(index)), serialized
         else:
             serialized = self._serialized(element)
-            # Episodes without an index get a deterministic order: by the digest of their record.
-            yield (1, hashlib.sha256(serialized).hexdigest()), serialized
+            # Episodes without an index are ordered by the digest of their record (deterministic). Identical
+            # episodes (repeated demonstrations) share a digest; a random tie-break gives each its own rank,
+            # and which copy takes which rank does not change the bytes written.
+            yield (1, hashlib.sha256(serialized).hexdigest(), uuid.uuid4().hex), serialized
 
 
 def _shard_of(keyed: Tuple[Any, bytes], sorted_keys: List[Any], num_shards: Optional[int],
@@ -115,9 +121,9 @@ def _check_unique_keys(sorted_keys: List[Any], split: str) -> List[Any]:
         raise ValueError(f"split {split!r}: some elements are (index, episode) pairs and some bare episodes; "
                          f"give one kind")
     for a, b in zip(sorted_keys, sorted_keys[1:]):
-        if a == b:
-            what = f"index {a[1]}" if a[0] == 0 else "the same record"
-            raise ValueError(f"split {split!r}: two elements have {what}; indices must be unique")
+        if a == b:  # only indices can repeat: bare episodes' keys carry a tie-break
+            raise ValueError(f"split {split!r}: two (index, episode) pairs have index {a[1]}; each episode "
+                             f"needs its own index (ReadEpisodes(..., with_index=True) gives one per episode)")
     return sorted_keys
 
 
@@ -137,26 +143,40 @@ class _WriteShard(beam.DoFn):
         suffix = file_adapters.FileFormat(self._file_format).file_suffix
         os.makedirs(self._partial, exist_ok=True)
         path = os.path.join(self._partial, f"{self._dataset_name}-{self._split}.{suffix}-{shard:05d}")
-        # A retried shard rewrites its file whole: the name depends only on the shard index.
-        if self._file_format == "tfrecord":
-            writer = tf.io.TFRecordWriter(path)
-        else:
-            from array_record.python import array_record_module  # optional dependency, only for this format
-            writer = array_record_module.ArrayRecordWriter(path, "group_size:1")
+        # Each attempt writes its own temporary file beside the shard and renames it over the shard's name
+        # (an atomic replace): a retried or duplicate attempt never leaves a torn shard, and the last one to
+        # finish leaves the same bytes as any other.
+        temporary = os.path.join(self._partial, f"{_TEMPORARY_PREFIX}{os.path.basename(path)}-{uuid.uuid4().hex}")
         try:
-            for record in records:
-                writer.write(record)
-            if hasattr(writer, "flush"):
-                writer.flush()
-        finally:
-            writer.close()
+            if self._file_format == "tfrecord":
+                writer = tf.io.TFRecordWriter(temporary)
+            else:
+                from array_record.python import array_record_module  # optional dependency, only for this format
+                writer = array_record_module.ArrayRecordWriter(temporary, "group_size:1")
+            try:
+                for record in records:
+                    writer.write(record)
+                if hasattr(writer, "flush"):
+                    writer.flush()
+            finally:
+                writer.close()
+            os.replace(temporary, path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(temporary)
+            raise
         if self._report_progress:
-            print(f"wrote {os.path.basename(path)}: {len(records)} episodes", file=sys.stderr, flush=True)
+            print(f"wrote {os.path.basename(path)}: {len(records)} episode{'' if len(records) == 1 else 's'}",
+                  file=sys.stderr, flush=True)
         yield self._split, shard, len(records), sum(len(r) for r in records)
 
 
 class _Finalize(beam.DoFn):
-    """Writes the metadata files into the hidden directory and renames it to the destination."""
+    """Writes the metadata files into the hidden directory and renames it to the destination.
+
+    Safe to run again (a runner retries a step whose result it did not record): once the destination holds
+    this dataset's dataset_info.json, a rerun only reports the counts.
+    """
 
     def __init__(self, config, version: str, file_format: str, partial: str, destination: str,
                  split_names: List[str]):
@@ -167,14 +187,48 @@ class _Finalize(beam.DoFn):
         self._destination = destination
         self._split_names = split_names
 
-    def process(self, shards: List[Tuple[str, int, int, int]]) -> Iterable[Dict[str, int]]:
+    def _already_renamed(self, lengths: Dict[str, List[int]]) -> bool:
+        """True if an earlier attempt put this dataset (the same shard lengths) at the destination."""
+        if os.path.isdir(self._partial):
+            return False
+        try:
+            with open(os.path.join(self._destination, "dataset_info.json"), encoding="utf-8") as f:
+                splits = json.load(f).get("splits", [])
+        except (FileNotFoundError, NotADirectoryError, ValueError):
+            return False
+        return {s.get("name"): [int(n) for n in s.get("shardLengths", [])] for s in splits} == lengths
+
+    def process(self, shards: List[Tuple[str, int, int, int]],
+                expected: List[Tuple[str, int]]) -> Iterable[Dict[str, int]]:
         by_split: Dict[str, Dict[int, Tuple[int, int]]] = {s: {} for s in self._split_names}
         for split, shard, length, num_bytes in shards:
             by_split[split][shard] = (length, num_bytes)
+        expected_counts = dict(expected)
         for split, found in by_split.items():
             if sorted(found) != list(range(len(found))):
                 raise ValueError(f"split {split!r}: shards {sorted(found)} were written; expected 0..{len(found) - 1}")
+            written = sum(length for length, _ in found.values())
+            # A lost last shard leaves the others numbered 0..k-1: only the episode count shows it.
+            if written != expected_counts.get(split, 0):
+                raise ValueError(f"split {split!r}: the shards written hold {written} episodes; expected "
+                                 f"{expected_counts.get(split, 0)} (the episodes given)")
+        lengths = {split: [by_split[split][i][0] for i in range(len(by_split[split]))] for split in self._split_names}
+        counts = {split: sum(lengths[split]) for split in self._split_names}
+        if self._already_renamed(lengths):
+            yield counts
+            return
+        # The rename's precondition, checked before any metadata makes the hidden directory look complete.
+        if os.path.isdir(self._destination) and os.listdir(self._destination):
+            raise ValueError(f"the destination {self._destination!r} is no longer empty; the dataset stays in "
+                             f"{self._partial!r} without metadata")
+        if os.path.exists(self._destination) and not os.path.isdir(self._destination):
+            raise ValueError(f"the destination {self._destination!r} is a file; the dataset stays in "
+                             f"{self._partial!r} without metadata")
         os.makedirs(self._partial, exist_ok=True)
+        for name in os.listdir(self._partial):
+            if name.startswith(_TEMPORARY_PREFIX):
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(os.path.join(self._partial, name))
         info = _build_info(self._config, self._version, self._partial)
         info.set_file_format(self._file_format)
         template = lambda split: tfds.core.ShardedFileTemplate(  # noqa: E731
@@ -185,13 +239,12 @@ class _Finalize(beam.DoFn):
             tfds.core.SplitInfo(name=split, shard_lengths=[], num_bytes=0, filename_template=template(split))
             for split in self._split_names])
         tfds_writer.write_split_entries(self._partial, base, [
-            (split, _SHARD_TEMPLATE, [by_split[split][i][0] for i in range(len(by_split[split]))],
-             sum(n for _, n in by_split[split].values()))
+            (split, _SHARD_TEMPLATE, lengths[split], sum(n for _, n in by_split[split].values()))
             for split in self._split_names])
         if os.path.isdir(self._destination):
-            os.rmdir(self._destination)  # empty when checked at construction; raises if something was added
+            os.rmdir(self._destination)  # empty when checked above; raises if something was added since
         os.rename(self._partial, self._destination)
-        yield {split: sum(length for length, _ in by_split[split].values()) for split in self._split_names}
+        yield counts
 
 
 class WriteEpisodes(beam.PTransform):
@@ -201,9 +254,9 @@ class WriteEpisodes(beam.PTransform):
     `ReadEpisodes(dir)` gives). Elements are episodes, `{'steps': <dict of [T, ...] arrays or list of step
     dicts>, **metadata}`, or `(index, episode)` pairs: pairs are written in index order (as
     `ReadEpisodes(..., with_index=True)` yields them, so a read-write pipeline keeps the order); bare
-    episodes in the order of the digests of their records (deterministic, not the arrival order). An episode
-    may also be its record already serialized with these features (bytes, as `ReadEpisodes(...,
-    raw_records=True)` yields them): it is written unchanged.
+    episodes in the order of the digests of their records (deterministic, not the arrival order; identical
+    episodes may repeat). An episode may also be its record already serialized with these features (bytes,
+    as `ReadEpisodes(..., raw_records=True)` yields them): it is written unchanged.
 
     The output is a PCollection with one element, `{split: episodes written}`, once the directory is in place.
 
@@ -223,7 +276,7 @@ class WriteEpisodes(beam.PTransform):
 
     Raises:
       ValueError: at construction, bad arguments or a destination that exists and is not empty; in the
-        pipeline, two episodes with the same index.
+        pipeline, two (index, episode) pairs with the same index.
     """
 
     def __init__(self, path: Any, features: Any, num_shards: Optional[int] = None, *, split: str = "train",
@@ -262,7 +315,7 @@ class WriteEpisodes(beam.PTransform):
         by_split = dict(episodes) if isinstance(episodes, dict) else {self._split: episodes}
         if not by_split:
             raise ValueError("WriteEpisodes got an empty dict of PCollections; give at least one split")
-        written = []
+        written, expected = [], []
         for split, pcoll in by_split.items():
             keyed = pcoll | f"Serialize[{split}]" >> beam.ParDo(_Serialize(self._config, self._version))
             sorted_keys = (keyed
@@ -277,8 +330,11 @@ class WriteEpisodes(beam.PTransform):
                           self.partial_directory, self._config.name, split, self._file_format,
                           self._report_progress)))
             written.append(shards)
+            expected.append(sorted_keys | f"Count[{split}]" >> beam.Map(lambda keys, s=split: (s, len(keys))))
+        expected_counts = beam.pvalue.AsList(expected | "AllCounts" >> beam.Flatten())
         return (written
                 | "AllShards" >> beam.Flatten()
                 | "ShardList" >> beam.combiners.ToList()
                 | "Finalize" >> beam.ParDo(_Finalize(self._config, self._version, self._file_format,
-                                                     self.partial_directory, self._destination, list(by_split))))
+                                                     self.partial_directory, self._destination, list(by_split)),
+                                       expected_counts))

@@ -5,7 +5,6 @@ Run in the Beam venv (`.ci/make_beam_venv.sh`); skipped where apache_beam is not
 import json
 import os
 import pathlib
-import re
 import signal
 import subprocess
 import sys
@@ -91,12 +90,15 @@ def test_convert_on_two_workers_writes_the_single_process_bytes(source, tmp_path
         assert done.returncode == 0, done.stderr[-3000:]
         assert done.stdout.strip() == f"wrote {got} (tfrecord): test: 4 episodes, train: 7 episodes"
         # (the workers' lines may share the launcher's stderr with log lines, so they are searched for)
-        for split, num_read, num_written in (("train", 3, 4), ("test", 2, 2)):
-            for k in range(num_read):
-                assert re.search(rf"read toy-{split}\.tfrecord-{k:05d}: \d episodes \(1 of {num_read} shards "
-                                 rf"of split '{split}'\)", done.stderr), done.stderr[-3000:]
-            for k in range(num_written):
-                assert re.search(rf"wrote toy-{split}\.tfrecord-{k:05d}: [12] episodes", done.stderr)
+        # The source holds 3 episodes a shard; DST 2 a shard. One line per shard, with its ordinal.
+        for split, read_counts, written_counts in (("train", [3, 3, 1], [2, 2, 2, 1]), ("test", [3, 1], [2, 2])):
+            for k, n in enumerate(read_counts):
+                line = (f"read toy-{split}.tfrecord-{k:05d}: {n} episode{'s' if n > 1 else ''} (shard {k + 1} "
+                        f"of {len(read_counts)} of split '{split}')")
+                assert done.stderr.count(line) == 1, (line, done.stderr[-3000:])
+            for k, n in enumerate(written_counts):
+                line = f"wrote toy-{split}.tfrecord-{k:05d}: {n} episode{'s' if n > 1 else ''}\n"
+                assert done.stderr.count(line) == 1, (line, done.stderr[-3000:])
     else:
         counts = pipelines.convert(source, got, file_format, options=_two_workers(), max_episodes_per_file=2,
                                    report_progress=False)
@@ -216,11 +218,21 @@ source, destination = sys.argv[1:3]
 read = ReadEpisodes(source, with_index=True)
 write = WriteEpisodes(destination, read.info, max_episodes_per_file=1, version=str(read.info.version))
 os.makedirs(write.partial_directory)
-# Opening a FIFO for writing blocks until a reader comes: the worker writing shard 3 stalls there, mid-pipeline.
-os.mkfifo(os.path.join(write.partial_directory, "toy-train.tfrecord-00003"))
 print(write.partial_directory, flush=True)
 with beam.Pipeline(options=pipelines.pipeline_options("DirectRunner", 2)) as p:
     _ = p | read | write
+"""
+
+# Loaded by every process of the pipeline (its directory leads PYTHONPATH): the worker putting shard 3 in place
+# stalls there, its file written under a temporary name, mid-pipeline.
+_STALL_SHARD_3 = """
+import os, time
+_replace = os.replace
+def _stalling_replace(src, dst, *args, **kwargs):
+    if os.path.basename(os.fspath(dst)) == "toy-train.tfrecord-00003":
+        time.sleep(3600)
+    return _replace(src, dst, *args, **kwargs)
+os.replace = _stalling_replace
 """
 
 
@@ -241,12 +253,16 @@ def _worker_pids(launcher: int) -> list:
 @pytest.mark.parametrize("killed", ["everything", "one worker"])
 def test_a_pipeline_killed_mid_write_leaves_no_valid_looking_output(source, tmp_path, killed):
     destination = str(tmp_path / "out")
+    stall = tmp_path / "stall"
+    stall.mkdir()
+    (stall / "sitecustomize.py").write_text(_STALL_SHARD_3)
     process = subprocess.Popen([sys.executable, "-c", _KILLED_CONVERT, source, destination], cwd=_REPO,
                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True,
-                               env={**os.environ, "PYTHONPATH": _REPO, "TF_CPP_MIN_LOG_LEVEL": "2"})
+                               env={**os.environ, "PYTHONPATH": f"{stall}{os.pathsep}{_REPO}",
+                                    "TF_CPP_MIN_LOG_LEVEL": "2"})
     try:
         partial = process.stdout.readline().strip()
-        shards = lambda: [n for n in os.listdir(partial) if n != "toy-train.tfrecord-00003"]  # noqa: E731
+        shards = lambda: [n for n in os.listdir(partial) if not n.startswith(".")]  # noqa: E731
         deadline = time.monotonic() + 120
         while len(shards()) < 3 and time.monotonic() < deadline and process.poll() is None:
             time.sleep(0.2)

@@ -9,7 +9,6 @@ features to check it: what `rlds-tf convert` copies.
 from __future__ import annotations
 
 import os
-import sys
 from typing import Any, Iterator, List, Optional, Tuple
 
 import apache_beam as beam
@@ -17,6 +16,7 @@ import tensorflow_datasets as tfds
 
 from rlds_tf import _raw_records
 from rlds_tf import loading
+from rlds_tf.beam import progress
 
 # (split, index of the shard's first episode in the split, number of episodes, shard file name)
 ShardTask = Tuple[str, int, int, str]
@@ -64,9 +64,8 @@ class _ReadShard(beam.DoFn):
             raise ValueError(f"{os.path.join(self._directory, filename)}: expected {length} episodes "
                              f"(dataset_info.json), read {count}")
         if self._report_progress:
-            print(f"read {filename}: {count} episode{'' if count == 1 else 's'} (shard "
-                  f"{self._ordinals[filename]} of {len(self._ordinals)} of split {split!r})",
-                  file=sys.stderr, flush=True)
+            progress.report(f"read {filename}: {count} episode{'' if count == 1 else 's'} (shard "
+                            f"{self._ordinals[filename]} of {len(self._ordinals)} of split {split!r})")
 
 
 class ReadEpisodes(beam.PTransform):

@@ -15,7 +15,6 @@ import contextlib
 import hashlib
 import json
 import os
-import sys
 import uuid
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
@@ -25,6 +24,7 @@ import tensorflow_datasets as tfds
 from tensorflow_datasets.core import file_adapters
 
 from rlds_tf import rlds_types
+from rlds_tf.beam import progress
 from rlds_tf.recording import tfds_writer
 from rlds_tf.recording.episode_encoder import EpisodeEncoder
 
@@ -166,8 +166,8 @@ class _WriteShard(beam.DoFn):
                 os.remove(temporary)
             raise
         if self._report_progress:
-            print(f"wrote {os.path.basename(path)}: {len(records)} episode{'' if len(records) == 1 else 's'}",
-                  file=sys.stderr, flush=True)
+            progress.report(f"wrote {os.path.basename(path)}: {len(records)} "
+                            f"episode{'' if len(records) == 1 else 's'}")
         yield self._split, shard, len(records), sum(len(r) for r in records)
 
 

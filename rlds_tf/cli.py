@@ -27,7 +27,6 @@ import json
 import os
 import shutil
 import sys
-import uuid
 from typing import Any, Dict, Optional, Sequence
 
 import numpy as np
@@ -225,11 +224,9 @@ def convert(src: str, dst: str, file_format: str, *, data_dir: Optional[str] = N
         raise ValueError(f"DST ({dst!r}) exists and is not empty; give a new directory")
     splits = sorted(builder.info.splits.keys())
     counts = {}
-    parent = os.path.dirname(os.path.abspath(dst))
-    os.makedirs(parent, exist_ok=True)
-    # A hidden sibling (same file system, so the final rename is atomic); os.mkdir honours the umask.
-    partial = os.path.join(parent, f".{os.path.basename(os.path.abspath(dst))}.partial-{uuid.uuid4().hex[:12]}")
-    os.mkdir(partial)
+    os.makedirs(os.path.dirname(os.path.abspath(dst)), exist_ok=True)
+    partial = tfds_writer.partial_sibling(dst)
+    os.mkdir(partial)  # (honours the umask)
     try:
         writer = tfds_writer.DatasetWriter(partial, _dataset_config(builder), split_names=splits,
                                            max_episodes_per_file=max_episodes_per_file,

@@ -301,9 +301,7 @@ class WriteEpisodes(beam.PTransform):
                                                       homepage=self._config.homepage,
                                                       citation=self._config.citation)
         self._destination = destination
-        # A hidden sibling (same file system, so the final rename is atomic), made by the first shard written.
-        self.partial_directory = os.path.join(
-            os.path.dirname(destination), f".{os.path.basename(destination)}.partial-{uuid.uuid4().hex[:12]}")
+        self.partial_directory = tfds_writer.partial_sibling(destination)  # (made by the first shard written)
         self._num_shards = num_shards
         self._split = split
         self._file_format = file_format

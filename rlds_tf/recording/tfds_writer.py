@@ -14,6 +14,7 @@ import os
 import shutil
 import stat
 import tempfile
+import uuid
 from typing import Any, Mapping, Sequence
 
 import tensorflow_datasets as tfds
@@ -71,6 +72,14 @@ class _DurableSequentialWriter(tfds.core.SequentialWriter):
         write_split_entries(self._data_dir, self._info_base,
                             [(s.info.name, s.info.filename_template.template, lengths, num_bytes)
                              for s, lengths, num_bytes in entries])
+
+
+def partial_sibling(destination: str) -> str:
+    """A new hidden sibling of `destination` to write a dataset into, renamed to `destination` once complete:
+    on the same file system, so that the rename is atomic, and never taken for a dataset while hidden."""
+    destination = os.path.abspath(destination)
+    return os.path.join(os.path.dirname(destination),
+                        f".{os.path.basename(destination)}.partial-{uuid.uuid4().hex[:12]}")
 
 
 def write_info_files(data_directory: str, ds_info: tfds.core.DatasetInfo,
